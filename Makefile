@@ -1,0 +1,39 @@
+# Two entry points: `make demo` (the main job) and `make test` (the tests). Each builds its own virtual
+# environment from nothing but the OS image; `make test` also installs the Debian packages its
+# integration tests drive (Prometheus, promtool, Alertmanager, docker-compose) when they are absent.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch is what this project's machines carry; a matching pin keeps pip from pulling a
+# multi-GB CUDA build when only the CPU is used.
+TORCH_SPEC ?= torch==2.13.0
+DEMO_ARGS ?=
+
+.PHONY: demo test lint system-deps clean
+
+$(VENV)/.stamp-run: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[all]'
+	touch $@
+
+$(VENV)/.stamp-dev: $(VENV)/.stamp-run
+	$(PY) -m pip install -q -e '.[all,dev]'
+	touch $@
+
+demo: $(VENV)/.stamp-run
+	$(VENV)/bin/inferwatch demo $(DEMO_ARGS)
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+lint: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(VENV)/.stamp-dev system-deps lint
+	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

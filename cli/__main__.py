@@ -1,0 +1,5 @@
+import sys
+
+from inferwatch.cli import main
+
+sys.exit(main())
