@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("inferwatch.instrumentation.demo", "serve a small built-in model, instrumented, on localhost"),
     "run": (
         "inferwatch.instrumentation.launcher",
-        "run a Python program with every transformers model instrumented",
+        "run a program with every transformers model instrumented",
     ),
     "top": ("inferwatch.monitor.top", "live terminal view of inferwatch endpoints"),
     "diagnose": ("inferwatch.monitor.diagnose", "apply the bottleneck matrix to live metrics"),
