@@ -1,0 +1,181 @@
+"""Timing accuracy of inferwatch on a GPU, against ground truth and the naive method, in one run.
+
+For every request three methods time the same ``generate`` call at once:
+
+* ground truth — the reference notes' method: ``torch.cuda.synchronize()`` + ``perf_counter`` at the
+  start and end of every forward;
+* naive — ``perf_counter`` at the end of every forward, no synchronization (it reads launch times);
+* inferwatch — its histograms (TTFT, per-request mean inter-token latency, prefill time), read back per
+  request as the change of ``_sum``/``_count``.
+
+Target: inferwatch within 2 % or 100 µs (the larger) of ground truth on every request.
+
+    python tests/benchmarks/gpu_accuracy.py [--models small-llama llama-1b] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import (
+    HistogramDelta,
+    StepTimer,
+    environment,
+    print_table,
+    write_json,
+)
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.models import build_model
+from prometheus_client import CollectorRegistry
+
+TOLERANCE_RELATIVE = 0.02
+TOLERANCE_ABSOLUTE = 100e-6
+
+
+class GroundTruthStart:
+    """Synchronize then read the clock at the start of every forward (prefill = first forward)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.starts: list[float] = []
+        self._handle = model.register_forward_pre_hook(self._on_forward_start)
+
+    def _on_forward_start(self, module: Any, args: Any) -> None:
+        torch.cuda.synchronize()
+        self.starts.append(time.perf_counter())
+
+    def reset(self) -> None:
+        self.starts = []
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def within_tolerance(measured: float, truth: float) -> bool:
+    return abs(measured - truth) <= max(TOLERANCE_RELATIVE * truth, TOLERANCE_ABSOLUTE)
+
+
+def measure_model(
+    name: str, prompt_lens: list[int], batches: list[int], args: argparse.Namespace
+) -> list[dict]:
+    model = build_model(name, device="cuda", dtype=torch.bfloat16)
+    registry = CollectorRegistry()
+    handle = instrument(model, model_name=name, registry=registry)
+    # Registered after inferwatch's hooks: naive reads the clock first, then ground truth syncs.
+    naive = StepTimer(model, synchronize=False)
+    truth = StepTimer(model, synchronize=True)
+    truth_start = GroundTruthStart(model)
+    ttft = HistogramDelta(registry, "llm_time_to_first_token_seconds")
+    itl = HistogramDelta(registry, "llm_request_time_per_output_token_seconds")
+    prefill = HistogramDelta(registry, "llm_request_prefill_seconds")
+    vocab = model.config.vocab_size
+    rows = []
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for prompt_len in prompt_lens:
+        for batch in batches:
+            ids = torch.randint(0, 256, (batch, prompt_len), device="cuda", generator=generator) % vocab
+            for rep in range(args.warmup + args.repeats):
+                for hist in (ttft, itl, prefill):
+                    hist.mark()
+                truth_start.reset()
+                torch.cuda.synchronize()
+                naive.begin()
+                truth.begin()
+                with torch.no_grad():
+                    model.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=args.new_tokens,
+                        min_new_tokens=args.new_tokens,
+                        do_sample=False,
+                    )
+                iw_ttft, iw_itl, iw_prefill = (h.mean_since_mark() for h in (ttft, itl, prefill))
+                if rep < args.warmup:
+                    continue
+                gt, nv = truth.times, naive.times
+                gt_prefill = gt.ends[0] - truth_start.starts[0]
+                row = {
+                    "model": name,
+                    "prompt": prompt_len,
+                    "batch": batch,
+                    "gt_ttft": gt.ttft(),
+                    "iw_ttft": iw_ttft,
+                    "naive_ttft": nv.ttft(),
+                    "gt_itl": gt.mean_itl(),
+                    "iw_itl": iw_itl,
+                    "naive_itl": nv.mean_itl(),
+                    "gt_prefill": gt_prefill,
+                    "iw_prefill": iw_prefill,
+                    "naive_prefill": nv.ends[0] - truth_start.starts[0],
+                }
+                row["ok"] = all(
+                    within_tolerance(row[f"iw_{k}"], row[f"gt_{k}"]) for k in ("ttft", "itl", "prefill")
+                )
+                rows.append(row)
+    for hook in (naive, truth, truth_start):
+        hook.remove()
+    handle.remove()
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["small-llama", "llama-1b"])
+    parser.add_argument("--prompt-lens", nargs="+", type=int, default=[16, 128, 512, 2048])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the rows and environment to this file")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_accuracy: no CUDA device", file=sys.stderr)
+        return 2
+    rows = []
+    for name in args.models:
+        rows += measure_model(name, args.prompt_lens, args.batches, args)
+
+    for row in rows:
+        for key in ("ttft", "itl", "prefill"):
+            for method in ("iw", "naive"):
+                row[f"{method}_{key}_err_pct"] = (
+                    (row[f"{method}_{key}"] - row[f"gt_{key}"]) / row[f"gt_{key}"] * 100
+                )
+    env = environment()
+    print(f"# gpu_accuracy {env}")
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.3f}"
+
+    def pct(value: float) -> str:
+        return f"{value:+.2f}%"
+
+    columns = [("model", "model", str), ("prompt", "prompt", str), ("batch", "batch", str)]
+    for key, title in (("ttft", "TTFT"), ("itl", "ITL"), ("prefill", "prefill")):
+        columns += [
+            (f"gt_{key}", f"{title} truth ms", ms),
+            (f"iw_{key}", f"{title} inferwatch ms", ms),
+            (f"iw_{key}_err_pct", "err", pct),
+            (f"naive_{key}_err_pct", "naive err", pct),
+        ]
+    columns.append(("ok", "within 2%/100µs", lambda ok: "yes" if ok else "**no**"))
+    print_table(rows, columns)
+    passed = sum(r["ok"] for r in rows)
+    tolerance = f"{TOLERANCE_RELATIVE:.0%} or {TOLERANCE_ABSOLUTE * 1e6:.0f} µs"
+    print(f"\n{passed}/{len(rows)} requests within {tolerance}")
+    write_json(args.json, {"environment": env, "rows": rows})
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
