@@ -1,0 +1,1 @@
+"""Tests of serving the instrumentation's metrics: exposition, the launcher, the demo."""
