@@ -1,0 +1,169 @@
+"""Configuration of in-process instrumentation: histogram buckets, background polling, hardware peaks.
+
+:class:`InstrumentConfig` is validated when it is built, so a bad bucket list fails at ``instrument()``
+time with a message naming the field, never later inside a model's ``forward``.
+:meth:`InstrumentConfig.from_env` reads the same fields from ``INFERWATCH_*`` environment variables (the
+launcher's configuration path): the variable name is the field name upper-cased behind ``INFERWATCH_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "INFERWATCH_"
+
+# Latency buckets follow the serving engines' conventions (vLLM, TGI) so dashboards and alerts written for
+# them read these histograms the same way; all are in seconds.
+DEFAULT_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+)  # fmt: skip
+DEFAULT_ITL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+DEFAULT_E2E_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0,
+)  # fmt: skip
+DEFAULT_FORWARD_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048,
+    4.096,
+)  # fmt: skip
+DEFAULT_TOKEN_BUCKETS = (
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+)  # fmt: skip
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _validate_buckets(field: str, buckets: Sequence[float]) -> tuple[float, ...]:
+    try:
+        values = tuple(float(b) for b in buckets)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: bucket bounds must be numbers, got {buckets!r}") from None
+    if not values:
+        raise ValueError(f"{field}: needs at least one bucket bound")
+    for value in values:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"{field}: bucket bounds must be finite and > 0 (+Inf is added automatically), got {value!r}"
+            )
+    for low, high in itertools.pairwise(values):
+        if high <= low:
+            raise ValueError(f"{field}: bucket bounds must be strictly increasing, got {low!r} then {high!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class InstrumentConfig:
+    """How :func:`~inferwatch.instrumentation.instrument` measures and what it exposes.
+
+    Histogram families are shared by every model on one registry, so the first ``instrument()`` on a
+    registry fixes their buckets; a later call on the same registry with different buckets raises
+    ``ValueError``.
+    """
+
+    #: ``llm_time_to_first_token_seconds`` and ``llm_request_prefill_seconds``.
+    ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
+    #: ``llm_inter_token_latency_seconds``, ``llm_request_time_per_output_token_seconds``,
+    #: ``llm_request_max_inter_token_latency_seconds``.
+    itl_buckets: tuple[float, ...] = DEFAULT_ITL_BUCKETS
+    #: ``llm_e2e_request_latency_seconds`` and ``llm_request_decode_seconds``.
+    e2e_buckets: tuple[float, ...] = DEFAULT_E2E_BUCKETS
+    #: ``llm_forward_seconds``.
+    forward_buckets: tuple[float, ...] = DEFAULT_FORWARD_BUCKETS
+    #: ``llm_request_prompt_tokens`` and ``llm_request_generation_tokens``.
+    token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
+    #: ``llm_batch_size``.
+    batch_buckets: tuple[float, ...] = DEFAULT_BATCH_BUCKETS
+    #: Period of the background sampler: allocator memory and retries, KV headroom, busy ratio, bandwidth
+    #: and FLOP utilization windows, and NVML readings.
+    poll_interval_seconds: float = 5.0
+    #: Read the model's GPUs through NVML (when the library and a driver are present).
+    enable_nvml: bool = True
+    #: Peak memory bandwidth of the model's device in bytes/s; default: from NVML (bus width x max memory
+    #: clock x 2). ``llm_decode_bandwidth_utilization_ratio`` is absent while this is unknown.
+    peak_memory_bandwidth_bytes_per_second: float | None = None
+    #: Peak dense FLOP/s of the model's device in its dtype; default: a table of common GPUs.
+    #: ``llm_prefill_flops_utilization_ratio`` is absent while this is unknown.
+    peak_flops: float | None = None
+    #: An internal error of one stage is logged at most once per this many seconds (always counted).
+    error_log_interval_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            if field.name.endswith("_buckets"):
+                object.__setattr__(self, field.name, _validate_buckets(field.name, getattr(self, field.name)))
+        for name in ("poll_interval_seconds", "error_log_interval_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: must be a number > 0, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name}: must be finite, got {value!r}")
+        for name in ("peak_memory_bandwidth_bytes_per_second", "peak_flops"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"{name}: must be a finite number > 0 or None, got {value!r}")
+        if not isinstance(self.enable_nvml, bool):
+            raise ValueError(f"enable_nvml: must be True or False, got {self.enable_nvml!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InstrumentConfig:
+        """A config from ``INFERWATCH_<FIELD>`` variables; unset variables keep their defaults.
+
+        Buckets are comma-separated numbers (``INFERWATCH_TTFT_BUCKETS=0.05,0.1,0.5``), booleans are
+        ``1/0/true/false/yes/no/on/off``, and ``INFERWATCH_PEAK_FLOPS=`` (empty) means "unknown". A bad
+        value raises ``ValueError`` naming the variable.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            variable = ENV_PREFIX + field.name.upper()
+            raw = environ.get(variable)
+            if raw is None:
+                continue
+            try:
+                values[field.name] = _parse_field(field.name, raw.strip())
+                # Validate each variable on its own so the message names the variable that is wrong.
+                cls(**{field.name: values[field.name]})
+            except ValueError as exc:
+                raise ValueError(f"{variable}={raw!r}: {exc}") from None
+        return cls(**values)
+
+    @staticmethod
+    def environment_variables() -> list[str]:
+        """The names :meth:`from_env` reads, in field order."""
+        return [ENV_PREFIX + field.name.upper() for field in dataclasses.fields(InstrumentConfig)]
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_field(name: str, raw: str) -> Any:
+    if name.endswith("_buckets"):
+        return tuple(_number(part) for part in raw.split(",") if part.strip())
+    if name == "enable_nvml":
+        lowered = raw.lower()
+        if lowered in _TRUE | _FALSE:
+            return lowered in _TRUE
+        raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+    if name in ("peak_memory_bandwidth_bytes_per_second", "peak_flops") and raw == "":
+        return None
+    return _number(raw)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a number") from None

@@ -1,0 +1,446 @@
+"""``instrument(model)``: hooks on a transformers causal LM's ``forward`` and ``generate``.
+
+* ``forward``: a pre-hook and a post-hook (``register_forward_pre_hook``/``register_forward_hook``) that
+  record a clock mark each, read input and KV-cache *shapes*, and attribute the pass to the request
+  running in this thread (a context variable set by the generate wrapper or by ``track_request``).
+* ``generate``: replaced by an *instance* attribute wrapping the original (the class is never patched),
+  which opens a request at entry and closes it at exit. Exceptions from the model propagate unchanged.
+
+Everything inferwatch does in these paths is inside ``try/except`` and reported to
+``llm_instrumentation_errors_total``; the model's own behaviour and outputs are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import threading
+import weakref
+from typing import Any
+
+import torch
+from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.catalogue import metrics_for
+from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
+from inferwatch.instrumentation.config import InstrumentConfig
+from inferwatch.instrumentation.hardware import (
+    device_label,
+    model_device,
+    model_dtype,
+    parameter_footprint,
+    table_peak_flops,
+)
+from inferwatch.instrumentation.kvcache import measure, output_cache
+from inferwatch.instrumentation.nvml import NvmlPoller
+from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
+from inferwatch.instrumentation.request import LooseForward, Request, Step
+from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
+from prometheus_client import CollectorRegistry
+
+#: The request running in this thread (or asyncio task): forward hooks attribute their pass to it.
+CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "inferwatch_request", default=None
+)
+
+MAX_MODEL_LABEL_LENGTH = 128
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
+
+
+def default_model_name(model: torch.nn.Module) -> str:
+    """The config's ``_name_or_path`` (a local path shortened to its last component), else its
+    ``model_type``, else the class name."""
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or "").rstrip("/\\")
+    if name and os.path.isabs(name):
+        name = os.path.basename(name)
+    return name or str(getattr(config, "model_type", "") or type(model).__name__)
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"instrument() needs a torch.nn.Module with generate() (a transformers causal LM), "
+            f"got {type(model).__module__}.{type(model).__qualname__}"
+        )
+    if not callable(getattr(model, "generate", None)):
+        raise TypeError(
+            f"instrument() needs a transformers causal LM (e.g. from AutoModelForCausalLM), "
+            f"but {type(model).__qualname__} has no generate(); for a hand-written decode loop use "
+            "track_request()"
+        )
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise TypeError(
+            f"instrument() supports decoder-only causal LMs; {type(model).__qualname__} is encoder-decoder"
+        )
+
+
+def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(batch, new tokens) of a forward call, from ``input_ids`` or ``inputs_embeds`` shapes."""
+    tokens = kwargs.get("input_ids")
+    if tokens is None and args:
+        tokens = args[0]
+    if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2:
+        return tokens.shape[0], tokens.shape[1]
+    embeds = kwargs.get("inputs_embeds")
+    if isinstance(embeds, torch.Tensor) and embeds.dim() >= 3:
+        return embeds.shape[0], embeds.shape[1]
+    return 0, 0
+
+
+def generated_lengths(generated: torch.Tensor, eos_ids: list[int], pad_id: int | None) -> torch.Tensor:
+    """Tokens each row really generated: up to and including its first EOS, without trailing padding.
+
+    Runs on the tensor's device (a few small kernels, no host read): finished rows of a batch are filled
+    with padding by generate, which is not generated text."""
+    batch, length = generated.shape
+    lengths = torch.full((batch,), length, dtype=torch.long, device=generated.device)
+    if length == 0:
+        return lengths
+    if eos_ids:
+        is_eos = generated == eos_ids[0]
+        for eos in eos_ids[1:]:
+            is_eos |= generated == eos
+        before_eos = (is_eos.cumsum(dim=1) == 0).sum(dim=1)
+        lengths = before_eos + is_eos.any(dim=1)
+    if pad_id is not None and pad_id not in eos_ids:
+        trailing_pad = ((generated != pad_id).flip(1).cumsum(dim=1) == 0).sum(dim=1)
+        lengths = torch.minimum(lengths, length - trailing_pad)
+    return lengths
+
+
+def _token_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()] if value.device.type == "cpu" else []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+class ModelInstrumentation:
+    """The hooks of one model. Created and installed by :func:`instrument`."""
+
+    def __init__(self, model: torch.nn.Module, name: str, config: InstrumentConfig, metrics: cat.Metrics):
+        self.model_ref = weakref.ref(model)
+        self.name = name
+        self.config = config
+        self.metrics = metrics
+        self.errors = metrics.errors
+        self.series = series_for(metrics, name)
+        self.device = model_device(model)
+        self.device_label = device_label(self.device)
+        self.clock: Clock = clock_for(self.device)
+        self.param_count, self.param_bytes = parameter_footprint(model)
+        self.dtype = model_dtype(model)
+        self.active = False
+        self._local = threading.local()
+        self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._generate_wrapper: Any = None
+        self._previous_generate: Any = None  # an instance attribute `generate` that was there before us
+        self._poller_keys: list[tuple] = []
+        self._info_labels = (
+            name,
+            str(getattr(getattr(model, "config", None), "model_type", "") or type(model).__name__),
+            str(self.dtype).removeprefix("torch."),
+            self.device_label,
+            str(self.param_count),
+        )
+
+    # -- installation ----------------------------------------------------------------------------------
+
+    def install(self, model: torch.nn.Module) -> None:
+        pre, post = self._forward_pre, self._forward_post
+        if hasattr(torch, "compiler") and hasattr(torch.compiler, "disable"):
+            # generate may torch.compile the forward (static caches on CUDA): run the hooks eagerly
+            # between compiled regions instead of tracing them.
+            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
+        self._hook_handles = [
+            model.register_forward_pre_hook(pre, with_kwargs=True),
+            model.register_forward_hook(post, with_kwargs=True),
+        ]
+        self._previous_generate = model.__dict__.get("generate")
+        self._generate_wrapper = self._wrap_generate(model.generate)
+        model.generate = self._generate_wrapper
+        self.metrics[cat.MODEL_INFO].labels(*self._info_labels).set(1)
+        try:
+            self._start_pollers()
+        except Exception as exc:  # the hooks work without the background readings
+            self.errors.report("instrument", exc)
+        self.active = True
+
+    def _start_pollers(self) -> None:
+        interval = self.config.poll_interval_seconds
+        peak_flops = self.config.peak_flops
+        if peak_flops is None and self.device.type == "cuda":
+            peak_flops = table_peak_flops(torch.cuda.get_device_name(self.device), self.dtype)
+        key = ("model", id(self))
+        SAMPLER.acquire(
+            key,
+            lambda: ModelPoller(
+                self.series,
+                self.device,
+                self.device_label,
+                interval,
+                peak_flops,
+                self.config.peak_memory_bandwidth_bytes_per_second,
+            ),
+        )
+        self._poller_keys.append((SAMPLER, key))
+        if self.device.type != "cuda":
+            return
+        key = ("allocator", id(self.metrics), self.device_label)
+        SAMPLER.acquire(
+            key, lambda: CudaAllocatorPoller(self.metrics, self.device, self.device_label, interval)
+        )
+        self._poller_keys.append((SAMPLER, key))
+        if self.config.enable_nvml:
+            properties = torch.cuda.get_device_properties(self.device)
+            uuid = str(getattr(properties, "uuid", "") or "")
+            if uuid and not uuid.startswith(("GPU-", "MIG-")):
+                uuid = "GPU-" + uuid
+            key = ("nvml", id(self.metrics), self.device_label)
+            NVML_WORKER.acquire(
+                key,
+                lambda: NvmlPoller(self.metrics, self.device_label, self.device.index or 0, uuid, interval),
+            )
+            self._poller_keys.append((NVML_WORKER, key))
+
+    def remove(self) -> None:
+        """Take every hook off the model and stop its pollers; idempotent."""
+        if not self.active:
+            return
+        self.active = False
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        model = self.model_ref()
+        if model is not None and model.__dict__.get("generate") is self._generate_wrapper:
+            if self._previous_generate is not None:
+                model.generate = self._previous_generate
+            else:
+                del model.generate
+        # If someone wrapped generate on top of ours, ours stays in their chain as a pass-through
+        # (self.active is False).
+        for worker, key in self._poller_keys:
+            worker.release(key)
+        self._poller_keys = []
+        with contextlib.suppress(KeyError):
+            self.metrics[cat.MODEL_INFO].remove(*self._info_labels)
+
+    # -- forward hooks ---------------------------------------------------------------------------------
+
+    def _forward_pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if not self.active:
+            return
+        try:
+            self._local.start = self.clock.mark()
+        except Exception as exc:
+            self.errors.report("forward_pre", exc)
+
+    def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if not self.active:
+            return
+        try:
+            clock = self.clock
+            end = clock.mark()
+            start = self._local.__dict__.pop("start", None)
+            series = self.series
+            series.heartbeat()
+            if start is None:  # installed while this forward was running
+                clock.release(end)
+                return
+            batch, new_tokens = _input_shape(args, kwargs)
+            if batch:
+                series.batch_size.observe(batch)
+            cache = output_cache(output)
+            size = measure(cache) if cache is not None else None
+            request = CURRENT_REQUEST.get()
+            if request is not None and request.clock is not clock:
+                request = None  # a tracked request on another clock: time the forward on its own
+            if request is not None:
+                phase = "prefill" if request.forwards == 0 else "decode"
+            else:
+                phase = "prefill" if new_tokens > 1 else "decode"
+            if phase == "decode":
+                work = self.param_bytes + (size.bytes if size is not None else 0)
+            else:
+                work = 2.0 * self.param_count * batch * new_tokens
+            tokens = 1 if request is not None and request.owner is self else 0
+            step = Step(series, self.device_label, phase, start, end, tokens, work)
+            if request is None:
+                loose = LooseForward(clock, step)
+                if not loose.complete():
+                    SAMPLER.defer(loose, self.errors)
+                return
+            request.set_kv(size)
+            request.add(step)
+        except Exception as exc:
+            self.errors.report("forward_post", exc)
+
+    # -- generate --------------------------------------------------------------------------------------
+
+    def _wrap_generate(self, original: Any) -> Any:
+        @functools.wraps(original)
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return original(*args, **kwargs)
+            current = CURRENT_REQUEST.get()
+            if current is not None and current.owner is self:  # generate re-entered from inside itself
+                return original(*args, **kwargs)
+            request = self._begin()
+            if request is None:
+                return original(*args, **kwargs)
+            token = CURRENT_REQUEST.set(request)
+            try:
+                output = original(*args, **kwargs)
+            except BaseException as exc:
+                CURRENT_REQUEST.reset(token)
+                self._fail(request, exc)
+                raise
+            CURRENT_REQUEST.reset(token)
+            self._succeed(request, args, kwargs, output)
+            return output
+
+        return generate
+
+    def _begin(self) -> Request | None:
+        try:
+            return Request(self.series, self.clock, owner=self)
+        except Exception as exc:
+            self.errors.report("generate_enter", exc)
+            return None
+
+    def _fail(self, request: Request, exc: BaseException) -> None:
+        try:
+            oom = is_oom(exc)
+            if oom:
+                self.series.oom_events.inc()
+            request.finish("oom" if oom else "error")
+            request.complete()
+        except Exception as error:
+            self.errors.report("generate_exit", error)
+
+    def _succeed(self, request: Request, args: tuple, kwargs: dict, output: Any) -> None:
+        try:
+            request.finish("ok", self._token_counts(args, kwargs, output))
+            if not request.complete():
+                SAMPLER.defer(request, self.errors)
+        except Exception as exc:
+            self.errors.report("generate_exit", exc)
+
+    def _token_counts(self, args: tuple, kwargs: dict, output: Any) -> Fetched | None:
+        """(prompt tokens, generated tokens) of a finished generate, computed on the output's device and
+        copied to the host asynchronously (see docs/timing.md, "Token counts")."""
+        sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
+        if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+            return None
+        prompt = kwargs.get("input_ids", kwargs.get("inputs"))
+        if prompt is None and args:
+            prompt = args[0]
+        has_ids = isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and not prompt.is_floating_point()
+        prompt_length = prompt.shape[1] if has_ids else 0
+        generation_config = kwargs.get("generation_config")
+        if generation_config is None:
+            model = self.model_ref()
+            generation_config = getattr(model, "generation_config", None)
+        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
+        pad = kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None))
+        pad_ids = _token_ids(pad)
+        lengths = generated_lengths(
+            sequences[:, prompt_length:], _token_ids(eos), pad_ids[0] if pad_ids else None
+        )
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.device == sequences.device:
+            prompt_tokens = mask.sum(dtype=torch.long)
+        else:
+            batch = prompt.shape[0] if has_ids else sequences.shape[0]
+            prompt_tokens = torch.full((), batch * prompt_length, dtype=torch.long, device=sequences.device)
+        return self.clock.fetch(torch.stack([prompt_tokens, lengths.sum()]))
+
+
+class InstrumentationHandle:
+    """What :func:`instrument` returns: metadata about the instrumentation and the way to remove it."""
+
+    def __init__(self, instrumentation: ModelInstrumentation, registry: CollectorRegistry | None) -> None:
+        self._instrumentation = instrumentation
+        self.registry = registry
+        self.model_name = instrumentation.name
+        self.config = instrumentation.config
+
+    @property
+    def active(self) -> bool:
+        """True until :meth:`remove`."""
+        return self._instrumentation.active
+
+    @property
+    def device(self) -> torch.device:
+        return self._instrumentation.device
+
+    def remove(self) -> None:
+        """Remove every hook and wrapper from the model; idempotent. Metrics already recorded stay."""
+        with _instrumented_lock:
+            self._instrumentation.remove()
+            model = self._instrumentation.model_ref()
+            if model is not None and _instrumented.get(model) is self:
+                del _instrumented[model]
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until observations deferred to the background (requests whose device work was still in
+        flight at exit) are made; False if some are still pending after ``timeout`` seconds."""
+        return SAMPLER.flush(timeout)
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "removed"
+        return f"<InstrumentationHandle model={self.model_name!r} device={self.device} {state}>"
+
+
+_instrumented: weakref.WeakKeyDictionary[torch.nn.Module, InstrumentationHandle] = weakref.WeakKeyDictionary()
+_instrumented_lock = threading.Lock()
+
+
+def instrument(
+    model: torch.nn.Module,
+    *,
+    model_name: str | None = None,
+    config: InstrumentConfig | None = None,
+    registry: CollectorRegistry | None = None,
+) -> InstrumentationHandle:
+    """Instrument a transformers causal LM: hooks on ``forward`` and ``generate`` feed the ``llm_*``
+    metrics of docs/metrics.md on ``registry`` (default: prometheus_client's REGISTRY).
+
+    ``model_name`` is the ``model`` label (default: the config's ``_name_or_path`` or ``model_type``).
+    Calling it again on an instrumented model returns the same live handle. Raises ``TypeError`` for an
+    object that is not a causal LM and ``ValueError`` for a bad configuration.
+    """
+    _check_model(model)
+    if config is None:
+        config = InstrumentConfig()
+    elif not isinstance(config, InstrumentConfig):
+        raise TypeError(f"config must be an InstrumentConfig, got {type(config).__name__}")
+    if model_name is None:
+        model_name = default_model_name(model)
+    if not isinstance(model_name, str) or not model_name.strip():
+        raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
+    if len(model_name) > MAX_MODEL_LABEL_LENGTH:
+        raise ValueError(f"model_name must be at most {MAX_MODEL_LABEL_LENGTH} characters: {model_name!r}")
+    with _instrumented_lock:
+        handle = _instrumented.get(model)
+        if handle is not None and handle.active:
+            return handle
+        metrics = metrics_for(registry, config)
+        instrumentation = ModelInstrumentation(model, model_name, config, metrics)
+        instrumentation.install(model)
+        handle = InstrumentationHandle(instrumentation, registry)
+        _instrumented[model] = handle
+        return handle

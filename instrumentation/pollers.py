@@ -1,0 +1,122 @@
+"""Periodic readings on the sampler thread: allocator memory of a device, and a model's windows.
+
+None of these calls launches device work or synchronizes: ``torch.cuda.memory_stats`` reads the caching
+allocator's host-side counters, ``torch.cuda.mem_get_info`` asks the driver for free memory.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.catalogue import Metrics
+from inferwatch.instrumentation.hardware import PEAK_MEMORY_BANDWIDTH
+from inferwatch.instrumentation.series import ModelSeries
+
+# llm_torch_memory_bytes{kind} <- torch.cuda.memory_stats() key.
+MEMORY_KINDS = {
+    "allocated": "allocated_bytes.all.current",
+    "reserved": "reserved_bytes.all.current",
+    "active": "active_bytes.all.current",
+    "max_allocated": "allocated_bytes.all.peak",
+}
+
+
+class CudaAllocatorPoller:
+    """torch's caching-allocator state of one CUDA device (process-wide, so one per device)."""
+
+    def __init__(self, metrics: Metrics, device: torch.device, label: str, interval: float) -> None:
+        self.interval = interval
+        self._device = device
+        self._errors = metrics.errors
+        self._label = label
+        self._memory = metrics[cat.TORCH_MEMORY]
+        self._retries = metrics[cat.ALLOC_RETRIES]
+        self._last_retries: int | None = None
+
+    def __repr__(self) -> str:
+        return f"CudaAllocatorPoller({self._device})"
+
+    def poll(self) -> None:
+        try:
+            stats = torch.cuda.memory_stats(self._device)
+            for kind, key in MEMORY_KINDS.items():
+                self._memory.labels(self._label, kind).set(stats.get(key, 0))
+            retries = stats.get("num_alloc_retries", 0)
+            # The allocator's count can be reset (reset_accumulated_memory_stats): start counting anew.
+            if self._last_retries is not None and retries >= self._last_retries:
+                self._retries.labels(self._label).inc(retries - self._last_retries)
+            self._last_retries = retries
+        except Exception as exc:
+            self._errors.report("sample", exc)
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Bytes a new KV-cache allocation could still use on ``device``: free device memory plus what
+    torch's allocator holds cached but unused; host available memory for CPU models."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        try:
+            import psutil
+        except ImportError:
+            return None
+        return psutil.virtual_memory().available
+    return None
+
+
+class ModelPoller:
+    """Turns one model's forward work since the last poll into busy / bandwidth / FLOP ratios, and its
+    KV bytes per token into headroom tokens."""
+
+    def __init__(
+        self,
+        series: ModelSeries,
+        device: torch.device,
+        label: str,
+        interval: float,
+        peak_flops: float | None,
+        peak_bandwidth: float | None,
+    ) -> None:
+        self.interval = interval
+        self._series = series
+        self._device = device
+        self._label = label
+        self._peak_flops = peak_flops
+        self._peak_bandwidth = peak_bandwidth
+        # Each ratio gets its series at its first real value: a ratio that cannot be computed here (no
+        # known peak, no decode yet) is absent rather than a misleading 0.
+        metrics = series.metrics
+        self._busy = metrics[cat.GPU_BUSY]
+        self._bandwidth = metrics[cat.DECODE_BANDWIDTH]
+        self._flops = metrics[cat.PREFILL_FLOPS]
+        self._headroom = metrics[cat.KV_CACHE_HEADROOM_TOKENS]
+        self._last = time.perf_counter()
+
+    def __repr__(self) -> str:
+        return f"ModelPoller({self._series.name}, {self._label})"
+
+    def poll(self) -> None:
+        try:
+            now = time.perf_counter()
+            wall, self._last = now - self._last, now
+            window = self._series.take_window(self._label)
+            model, label = self._series.name, self._label
+            if wall > 0:
+                self._busy.labels(model, label).set(min(1.0, window.forward_seconds / wall))
+            peak_bandwidth = self._peak_bandwidth or PEAK_MEMORY_BANDWIDTH.get(label)
+            if window.decode_seconds > 0 and peak_bandwidth:
+                utilization = window.decode_bytes / window.decode_seconds / peak_bandwidth
+                self._bandwidth.labels(model, label).set(utilization)
+            if window.prefill_seconds > 0 and self._peak_flops:
+                utilization = window.prefill_flops / window.prefill_seconds / self._peak_flops
+                self._flops.labels(model, label).set(utilization)
+            per_token = self._series.bytes_per_token
+            if per_token:
+                free = free_memory_bytes(self._device)
+                if free is not None:
+                    self._headroom.labels(model).set(max(0.0, free / per_token))
+        except Exception as exc:
+            self._series.errors.report("sample", exc)

@@ -1,0 +1,205 @@
+"""A request's timeline: marks recorded in the hot path, turned into observations once the device is done.
+
+Hooks only *record* (a CUDA event or a host reading, plus shapes). Observations are made when a mark
+is known to be complete (``Clock.ready``): at the next step of the same request (generate's loop has
+synchronized by then), at the request's exit, or on the background sampler if the device is still busy.
+Everything here runs in one thread at a time: the serving thread while the request runs, then the
+sampler if the request was handed over (:meth:`Request.complete` returned False).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from inferwatch.instrumentation.clock import Clock, Fetched
+from inferwatch.instrumentation.kvcache import KVCacheSize
+from inferwatch.instrumentation.series import ModelSeries
+
+# A request whose marks never complete (a lost device) is given up after this long, counted as an error.
+RESOLVE_DEADLINE_SECONDS = 120.0
+
+
+class Step:
+    """One forward pass (``phase`` set) and/or the tokens that became available when it ended."""
+
+    __slots__ = ("device", "end", "phase", "series", "start", "tokens", "work")
+
+    def __init__(
+        self,
+        series: ModelSeries,
+        device: str,
+        phase: str | None,
+        start: Any,
+        end: Any,
+        tokens: int,
+        work: float,
+    ) -> None:
+        self.series = series  # the series of the model whose forward this is
+        self.device = device
+        self.phase = phase  # "prefill" | "decode" for a forward; None for a tracked token without one
+        self.start = start
+        self.end = end
+        self.tokens = tokens  # tokens per sequence that were ready at `end`
+        self.work = work  # decode: bytes the step read; prefill: FLOPs it computed
+
+    def account_forward(self, clock: Clock) -> float:
+        """Observe the forward's device time; return it."""
+        seconds = clock.elapsed(self.start, self.end)
+        self.series.add_forward(self.device, self.phase, seconds, self.work)
+        return seconds
+
+
+class Request:
+    """One generate call or tracked request, from entry to its last observation."""
+
+    def __init__(
+        self,
+        series: ModelSeries,
+        clock: Clock,
+        *,
+        owner: object = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        self.series = series
+        self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
+        self.clock = clock
+        self.anchor = clock.start()
+        self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
+        self.forwards = 0  # forwards recorded so far (the first is the prefill)
+        self._pending: collections.deque[Step] = collections.deque()
+        self._first_forward_start: float | None = None
+        self._first_token: float | None = None
+        self._last_token: float | None = None
+        self._token_steps = 0
+        self._max_gap = 0.0
+        self._kv: KVCacheSize | None = None
+        self._status: str | None = None
+        self._prompt_tokens = prompt_tokens
+        self._generation_tokens = 0
+        self._counts: Fetched | None = None
+        series.running.inc()
+
+    # -- hot path: record and resolve what is already done ---------------------------------------------
+
+    def add(self, step: Step) -> None:
+        self._pending.append(step)
+        if step.phase is not None:
+            self.forwards += 1
+        self.drain()
+
+    def set_kv(self, size: KVCacheSize | None) -> None:
+        if size != self._kv:
+            self.series.update_kv(self._kv, size)
+            self._kv = size
+
+    def drain(self) -> bool:
+        """Observe every leading step whose end mark is complete; True when none is left pending."""
+        pending, clock = self._pending, self.clock
+        while pending:
+            step = pending[0]
+            if not clock.ready(step.end):
+                return False
+            pending.popleft()
+            self._resolve(step)
+        return True
+
+    def _resolve(self, step: Step) -> None:
+        clock = self.clock
+        end = clock.host_time(self.anchor, step.end)
+        if step.phase is not None:
+            seconds = step.account_forward(clock)
+            if self._first_forward_start is None:
+                self._first_forward_start = end - seconds
+            clock.release(step.start)
+        if step.tokens:
+            series = self.series
+            if self._first_token is None:
+                self._first_token = end
+                series.ttft.observe(end - self.anchor.host)
+                start = self._first_forward_start
+                series.prefill.observe(end - (self.anchor.host if start is None else start))
+            else:
+                gap = end - self._last_token
+                per_token = gap / step.tokens
+                for _ in range(step.tokens):
+                    series.itl.observe(per_token)
+                self._max_gap = max(self._max_gap, gap)
+            self._last_token = end
+            self._token_steps += step.tokens
+        clock.release(step.end)
+
+    # -- the end of a request --------------------------------------------------------------------------
+
+    def count_tokens(self, tokens: int) -> None:
+        """Tokens per sequence produced, counted by a tracked request (generate counts from its output)."""
+        self._generation_tokens += tokens
+
+    def finish(self, status: str, counts: Fetched | None = None) -> None:
+        """Record the outcome at the request's exit; ``counts`` = (prompt, generated) on its way to the host.
+
+        Status, running requests and end-to-end latency are recorded now; the rest by :meth:`complete`.
+        """
+        self._status = status
+        self._counts = counts
+        series = self.series
+        series.running.dec()
+        series.requests[status].inc()
+        self.set_kv(None)
+        if status == "ok":
+            series.e2e.observe(time.perf_counter() - self.anchor.host)
+
+    def complete(self) -> bool:
+        """Make the per-request observations once every mark and count is on the host; False = not yet."""
+        if self._status != "ok":
+            # A failed request: keep what already resolved, drop marks that may never be reached.
+            self.drain()
+            self._pending.clear()
+            return True
+        if not self.drain() or (self._counts is not None and not self._counts.ready()):
+            return False
+        series = self.series
+        if self._token_steps >= 2:
+            decode = self._last_token - self._first_token
+            series.decode.observe(decode)
+            series.tpot.observe(decode / (self._token_steps - 1))
+            series.max_itl.observe(self._max_gap)
+        elif self._token_steps == 1:
+            series.decode.observe(0.0)
+        prompt, generated = self._prompt_tokens, self._generation_tokens
+        if self._counts is not None:
+            prompt, generated = self._counts.value()
+        if prompt is not None:
+            series.prompt_tokens.inc(prompt)
+            series.prompt_tokens_hist.observe(prompt)
+        series.generation_tokens.inc(generated)
+        series.generation_tokens_hist.observe(generated)
+        self.clock.release(self.anchor)
+        return True
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+
+class LooseForward:
+    """A forward that ran outside any request (a hand-written loop without tracking): only its device
+    time is observed, once its end mark is complete."""
+
+    __slots__ = ("clock", "deadline", "step")
+
+    def __init__(self, clock: Clock, step: Step) -> None:
+        self.clock = clock
+        self.step = step
+        self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
+
+    def complete(self) -> bool:
+        if not self.clock.ready(self.step.end):
+            return False
+        self.step.account_forward(self.clock)
+        self.clock.release(self.step.start)
+        self.clock.release(self.step.end)
+        return True
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline

@@ -1,0 +1,134 @@
+"""One model's series: the catalogue's children bound to its ``model`` label, plus running sums.
+
+Binding the label once keeps ``labels()`` lookups out of the hot path. The running sums (live KV-cache
+bytes of in-flight requests, and forward work in the current poll window) are shared by every thread that
+serves the model, so they are kept under a lock; the background sampler turns the window into gauges.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.catalogue import Metrics
+from inferwatch.instrumentation.kvcache import KVCacheSize
+
+STATUSES = ("ok", "error", "oom")
+PHASES = ("prefill", "decode")
+
+
+@dataclass
+class Window:
+    """Forward work on one device since the sampler last looked."""
+
+    forward_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_bytes: float = 0.0
+    prefill_seconds: float = 0.0
+    prefill_flops: float = 0.0
+
+
+@dataclass
+class _KVTotals:
+    bytes: float = 0.0
+    capacity_tokens: float = 0.0
+    bytes_per_token: float | None = None
+    windows: dict[str, Window] = field(default_factory=dict)
+
+
+class ModelSeries:
+    """The series of one ``model`` label on one registry (shared by every instrumentation using it)."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.errors = metrics.errors
+
+        def bind(spec: cat.MetricSpec, *extra: str):
+            return metrics[spec].labels(name, *extra)
+
+        self.ttft = bind(cat.TTFT)
+        self.itl = bind(cat.ITL)
+        self.tpot = bind(cat.TPOT)
+        self.max_itl = bind(cat.MAX_ITL)
+        self.e2e = bind(cat.E2E)
+        self.prefill = bind(cat.PREFILL)
+        self.decode = bind(cat.DECODE)
+        self.forward = {phase: bind(cat.FORWARD, phase) for phase in PHASES}
+        self.prompt_tokens_hist = bind(cat.PROMPT_TOKENS_HIST)
+        self.generation_tokens_hist = bind(cat.GENERATION_TOKENS_HIST)
+        self.batch_size = bind(cat.BATCH_SIZE)
+        self.requests = {status: bind(cat.REQUESTS, status) for status in STATUSES}
+        self.prompt_tokens = bind(cat.PROMPT_TOKENS)
+        self.generation_tokens = bind(cat.GENERATION_TOKENS)
+        self.oom_events = bind(cat.OOM_EVENTS)
+        self.running = bind(cat.REQUESTS_RUNNING)
+        self.kv_bytes = bind(cat.KV_CACHE_BYTES)
+        self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
+        # Gauges without a meaningful zero get their series on the first real value, so a model that has
+        # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
+        self._kv_bytes_per_token = metrics[cat.KV_CACHE_BYTES_PER_TOKEN]
+        self._last_step = metrics[cat.LAST_STEP]
+        self._lock = threading.Lock()
+        self._totals = _KVTotals()
+
+    def update_kv(self, old: KVCacheSize | None, new: KVCacheSize | None) -> None:
+        """Replace one request's contribution to the live KV-cache totals."""
+        with self._lock:
+            totals = self._totals
+            if old is not None:
+                totals.bytes -= old.bytes
+                totals.capacity_tokens -= old.capacity_tokens or 0
+            if new is not None:
+                totals.bytes += new.bytes
+                totals.capacity_tokens += new.capacity_tokens or 0
+                totals.bytes_per_token = new.bytes_per_token
+            kv_bytes, capacity, per_token = totals.bytes, totals.capacity_tokens, totals.bytes_per_token
+        self.kv_bytes.set(kv_bytes)
+        self.kv_capacity.set(capacity)
+        if per_token is not None:
+            self._kv_bytes_per_token.labels(self.name).set(per_token)
+
+    def heartbeat(self) -> None:
+        """A forward or token step happened now."""
+        self._last_step.labels(self.name).set(time.time())
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        return self._totals.bytes_per_token
+
+    def add_forward(self, device: str, phase: str, seconds: float, work: float) -> None:
+        """Account one resolved forward: ``work`` is bytes read (decode) or FLOPs (prefill)."""
+        self.forward[phase].observe(seconds)
+        with self._lock:
+            window = self._totals.windows.get(device)
+            if window is None:
+                window = self._totals.windows[device] = Window()
+            window.forward_seconds += seconds
+            if phase == "decode":
+                window.decode_seconds += seconds
+                window.decode_bytes += work
+            else:
+                window.prefill_seconds += seconds
+                window.prefill_flops += work
+
+    def take_window(self, device: str) -> Window:
+        """The work accounted on ``device`` since the last call, and start a new window."""
+        with self._lock:
+            return self._totals.windows.pop(device, None) or Window()
+
+
+_series_lock = threading.Lock()
+
+
+def series_for(metrics: Metrics, name: str) -> ModelSeries:
+    """The one :class:`ModelSeries` of ``name`` on ``metrics``' registry."""
+    series = metrics.model_series.get(name)
+    if series is None:
+        with _series_lock:
+            series = metrics.model_series.get(name)
+            if series is None:
+                series = metrics.model_series[name] = ModelSeries(metrics, name)
+    return series
