@@ -1,0 +1,33 @@
+"""What the poller hands to collectors, and what it expects of them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ..samples import MetricSpec, Sample
+
+if TYPE_CHECKING:
+    from ..nvml import GpuContext
+
+
+class GpuCollector(Protocol):
+    name: str
+
+    def collect(self, gpu: GpuContext) -> None: ...
+
+
+class HostContext:
+    """One collection of the host: where host collectors put samples, and the PIDs seen on GPUs."""
+
+    def __init__(self, gpu_process_ids: set[int]) -> None:
+        self.samples: list[Sample] = []
+        self.gpu_process_ids = gpu_process_ids
+
+    def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
+        self.samples.append(Sample(spec, labels, float(value)))
+
+
+class HostCollector(Protocol):
+    name: str
+
+    def collect(self, host: HostContext) -> None: ...

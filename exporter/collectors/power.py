@@ -1,0 +1,30 @@
+"""Power draw, the enforced power limit, and energy as a counter."""
+
+from __future__ import annotations
+
+from ..nvml import GpuContext
+from ..samples import gpu_counter, gpu_gauge
+
+POWER = gpu_gauge("gpu_power_watts", "Power draw of the board as NVML reports it.")
+POWER_LIMIT = gpu_gauge(
+    "gpu_power_limit_watts", "Power limit the driver enforces now (the lowest of all active limits)."
+)
+ENERGY = gpu_counter(
+    "gpu_energy_joules_total",
+    "Energy used since the exporter first saw this GPU's driver load; never decreases across driver resets.",
+)
+
+
+class PowerCollector:
+    name = "power"
+
+    def collect(self, gpu: GpuContext) -> None:
+        milliwatts = gpu.read("nvmlDeviceGetPowerUsage")
+        if milliwatts is not None:
+            gpu.emit(POWER, milliwatts / 1000)
+        limit_milliwatts = gpu.read("nvmlDeviceGetEnforcedPowerLimit")
+        if limit_milliwatts is not None:
+            gpu.emit(POWER_LIMIT, limit_milliwatts / 1000)
+        millijoules = gpu.read("nvmlDeviceGetTotalEnergyConsumption")
+        if millijoules is not None:
+            gpu.emit(ENERGY, millijoules / 1000)

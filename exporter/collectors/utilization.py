@@ -1,0 +1,64 @@
+"""GPU and memory-bandwidth utilization, averaged over NVML's samples since the previous poll.
+
+NVML keeps a ring buffer of utilization samples (one every ~1/6 s on recent GPUs). A single
+``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most exporters report, covers only the
+driver's last sample period, so a 1 s poll of a bursty decode loop sees a random phase of it. Averaging
+every sample newer than the last one seen gives the true mean over the poll interval. When a GPU keeps no
+samples (or none arrived since the last poll) the point reading is used instead.
+"""
+
+from __future__ import annotations
+
+from ..nvml import ERROR_NOT_FOUND, GpuContext, union_value
+from ..samples import MetricSpec, gpu_gauge
+
+GPU_UTILIZATION = gpu_gauge(
+    "gpu_utilization_ratio",
+    "Fraction of time a kernel was running, mean of the NVML samples since the previous poll.",
+)
+MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge(
+    "gpu_memory_bandwidth_utilization_ratio",
+    "Fraction of time device memory was read or written, mean of the NVML samples since the previous poll.",
+)
+
+# nvmlSamplingType_t
+_GPU_UTILIZATION_SAMPLES = 1
+_MEMORY_UTILIZATION_SAMPLES = 2
+# (metric, sample type, attribute of the point reading nvmlUtilization_t)
+_KINDS: tuple[tuple[MetricSpec, int, str], ...] = (
+    (GPU_UTILIZATION, _GPU_UTILIZATION_SAMPLES, "gpu"),
+    (MEMORY_BANDWIDTH_UTILIZATION, _MEMORY_UTILIZATION_SAMPLES, "memory"),
+)
+
+
+class UtilizationCollector:
+    name = "utilization"
+
+    def collect(self, gpu: GpuContext) -> None:
+        point = None
+        for spec, sample_type, attribute in _KINDS:
+            percent = _mean_of_new_samples(gpu, sample_type)
+            if percent is None:
+                point = point or gpu.read("nvmlDeviceGetUtilizationRates")
+                if point is None:
+                    continue
+                percent = getattr(point, attribute)
+            gpu.emit(spec, percent / 100)
+
+
+def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
+    """Mean of the samples newer than those seen at the previous poll, in percent; None if there are none."""
+    state_key = f"utilization.last_sample_us.{sample_type}"
+    last_seen = gpu.device.state.get(state_key, 0)
+    # NOT_FOUND: the buffer holds nothing newer than last_seen.
+    result = gpu.read(
+        "nvmlDeviceGetSamples", sample_type, last_seen, quiet=(ERROR_NOT_FOUND,), support_key=sample_type
+    )
+    if not result:
+        return None
+    value_type, samples = result
+    fresh = [s for s in samples if s.timeStamp > last_seen]
+    if not fresh:
+        return None
+    gpu.device.state[state_key] = max(s.timeStamp for s in fresh)
+    return sum(union_value(value_type, s.sampleValue) for s in fresh) / len(fresh)

@@ -1,0 +1,311 @@
+"""The NVML seam: loading the binding, opening a session, and reading one GPU with every failure contained.
+
+The binding is any module with pynvml's interface (functions named like the C API, ``NVMLError`` with a
+``.value`` return code). It is ``pynvml`` (the ``nvidia-ml-py`` distribution) unless the environment
+variable ``INFERWATCH_EXPORTER_NVML_MODULE`` names another; the test suite uses that to load a
+fault-injecting stand-in into a real exporter process. Nothing here imports torch or CUDA.
+
+Error policy, per call (see :meth:`GpuContext.read`):
+
+* not supported (or the function is missing from the driver or binding): the series is left out, the
+  error counted once, and the call is not made again on that GPU for the life of the session;
+* GPU lost: the rest of that GPU's collection is abandoned and ``gpu_up`` is 0 for it;
+* NVML itself gone (uninitialised, driver unloaded, version mismatch): the session is closed and reopened;
+* anything else: that series is left out this time and the error counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from .samples import MetricSpec, Sample
+from .selfmetrics import Tally
+
+log = logging.getLogger(__name__)
+
+NVML_MODULE_ENV = "INFERWATCH_EXPORTER_NVML_MODULE"
+DEFAULT_NVML_MODULE = "pynvml"
+
+# NVML return codes (nvmlReturn_t): part of the C ABI, stable across driver releases.
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_NO_PERMISSION = 4
+ERROR_NOT_FOUND = 6
+ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10
+ERROR_LIBRARY_NOT_FOUND = 12
+ERROR_FUNCTION_NOT_FOUND = 13
+ERROR_GPU_IS_LOST = 15
+ERROR_RESET_REQUIRED = 16
+ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_UNKNOWN = 999
+
+_UNSUPPORTED = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND})
+_GPU_GONE = frozenset({ERROR_GPU_IS_LOST, ERROR_RESET_REQUIRED})
+_NVML_GONE = frozenset(
+    {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIBRARY_NOT_FOUND, ERROR_LIB_RM_VERSION_MISMATCH}
+)
+_ERROR_LABELS = {
+    ERROR_UNINITIALIZED: "uninitialized",
+    ERROR_INVALID_ARGUMENT: "invalid_argument",
+    ERROR_NOT_SUPPORTED: "not_supported",
+    ERROR_NO_PERMISSION: "no_permission",
+    ERROR_NOT_FOUND: "not_found",
+    ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+    ERROR_TIMEOUT: "timeout",
+    ERROR_LIBRARY_NOT_FOUND: "library_not_found",
+    ERROR_FUNCTION_NOT_FOUND: "not_supported",
+    ERROR_GPU_IS_LOST: "gpu_lost",
+    ERROR_RESET_REQUIRED: "reset_required",
+    ERROR_LIB_RM_VERSION_MISMATCH: "version_mismatch",
+    ERROR_UNKNOWN: "unknown",
+}
+# The error label of a call that did not return within the collection deadline.
+HUNG = "hung"
+
+
+def error_label(code: int) -> str:
+    """A bounded label value for an NVML return code."""
+    return _ERROR_LABELS.get(code, "other")
+
+
+def load_binding(name: str) -> ModuleType:
+    """Import the NVML binding module ``name``; ImportError propagates to the caller."""
+    return importlib.import_module(name)
+
+
+def text(value: bytes | str) -> str:
+    """NVML strings arrive as bytes from older bindings and as str from newer ones."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+# nvmlValueType_t -> the member of the nvmlValue_t union that holds it.
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def union_value(value_type: int, value: Any) -> float:
+    """The number inside an ``nvmlValue_t`` union (field values, samples)."""
+    return float(getattr(value, _VALUE_MEMBERS[value_type]))
+
+
+def handle_key(handle: Any) -> Hashable:
+    """A hashable identity for a device handle: the address behind a ctypes pointer (two pointer objects
+    to one device compare unequal), or the handle itself for bindings whose handles are plain objects."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
+
+
+class GpuLost(Exception):
+    """The GPU answered GPU_IS_LOST or RESET_REQUIRED: stop reading it for this collection."""
+
+
+class NvmlGone(Exception):
+    """NVML as a whole stopped working (driver unloaded or reset): the session must be reopened."""
+
+
+@dataclass(eq=False)
+class GpuDevice:
+    """One GPU for the life of an NVML session: its handle, and what was learned about it."""
+
+    index: int
+    uuid: str
+    handle: Any
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    unsupported: set[Hashable] = field(default_factory=set)
+    cache: dict[Hashable, Any] = field(default_factory=dict)
+    # Per-collector memory between polls (e.g. the newest utilization sample already averaged).
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return (str(self.index), self.uuid)
+
+
+class GpuContext:
+    """One collection of one GPU: the calls collectors make, and the samples they emit.
+
+    Runs on a worker thread of its own, so that a call that hangs holds up only this GPU. The poller reads
+    :attr:`current_call` to name the call that hung.
+    """
+
+    def __init__(self, nvml: ModuleType, device: GpuDevice, errors: Tally) -> None:
+        self.nvml = nvml
+        self.device = device
+        self.samples: list[Sample] = []
+        self.current_call: str | None = None
+        self.process_ids: set[int] = set()
+        self._errors = errors
+
+    @property
+    def index(self) -> int:
+        return self.device.index
+
+    def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
+        self.samples.append(Sample(spec, self.device.labels + labels, float(value)))
+
+    def read(
+        self,
+        call: str,
+        *args: Any,
+        quiet: Sequence[int] = (),
+        handle: Any = None,
+        support_key: Hashable = None,
+    ) -> Any:
+        """``nvml.<call>(handle, *args)``, or None when it failed or is known to be unsupported.
+
+        ``quiet`` return codes mean "no data" for this call (e.g. NOT_FOUND: no new samples) and are
+        neither counted nor learned. Support is learned per call and arguments, or per ``support_key``
+        where some arguments vary from poll to poll. ``handle`` reads a sub-device (a MIG instance)
+        instead of the GPU; support is not learned for those, since sub-devices come and go.
+        """
+        key = (call, *args) if support_key is None else (call, support_key)
+        if handle is None:
+            if key in self.device.unsupported:
+                return None
+            handle = self.device.handle
+        learn = handle is self.device.handle
+        return self._call(call, key, lambda fn: fn(handle, *args), quiet, learn)
+
+    def read_first(self, calls: Sequence[str], *args: Any) -> Any:
+        """Read the first of ``calls`` (a current name, then older ones) that this GPU supports."""
+        for call in calls:
+            if not self.is_unsupported(call, *args):
+                value = self.read(call, *args)
+                if value is not None or not self.is_unsupported(call, *args):
+                    return value
+        return None
+
+    def is_unsupported(self, call: str, *args: Any) -> bool:
+        return (call, *args) in self.device.unsupported
+
+    def cached(self, call: str, *args: Any) -> Any:
+        """Like :meth:`read`, for values that cannot change while the session lasts (identity, limits):
+        read once successfully, then answered from memory."""
+        key = (call, *args)
+        if key not in self.device.cache:
+            value = self.read(call, *args)
+            if value is None:
+                return None
+            self.device.cache[key] = value
+        return self.device.cache[key]
+
+    def read_fields(self, field_ids: Sequence[int]) -> dict[int, float]:
+        """Several NVML field values in one call; fields the GPU does not support are learned and dropped.
+
+        Field values carry their own return code each, so one unsupported field does not cost the others.
+        """
+        call = "nvmlDeviceGetFieldValues"
+        wanted = [f for f in field_ids if ("field", f) not in self.device.unsupported]
+        if not wanted or (call,) in self.device.unsupported:
+            return {}
+        handle = self.device.handle
+        values = self._call(call, (call,), lambda fn: fn(handle, wanted), (), learn=True)
+        out: dict[int, float] = {}
+        for fv in values or ():
+            if fv.nvmlReturn == SUCCESS:
+                out[fv.fieldId] = union_value(fv.valueType, fv.value)
+            elif fv.nvmlReturn in _UNSUPPORTED:
+                self.device.unsupported.add(("field", fv.fieldId))
+                self._errors.add(call, error_label(fv.nvmlReturn))
+            else:
+                self._errors.add(call, error_label(fv.nvmlReturn))
+        return out
+
+    def _call(
+        self, call: str, key: Hashable, invoke: Callable[[Any], Any], quiet: Sequence[int], learn: bool
+    ) -> Any:
+        fn = getattr(self.nvml, call, None)
+        if fn is None:  # a binding older than the call
+            self._learn(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
+            return None
+        self.current_call = call
+        try:
+            return invoke(fn)
+        except self.nvml.NVMLError as exc:
+            code = exc.value
+            if code in quiet:
+                return None
+            if code in _UNSUPPORTED:
+                self._learn(key, call, code, learn)
+                return None
+            self._errors.add(call, error_label(code))
+            if code in _GPU_GONE:
+                raise GpuLost(f"{call}: {exc}") from None
+            if code in _NVML_GONE:
+                raise NvmlGone(f"{call}: {exc}") from None
+            log.debug("GPU %d: %s failed: %s", self.device.index, call, exc)
+            return None
+        finally:
+            self.current_call = None
+
+    def _learn(self, key: Hashable, call: str, code: int, learn: bool) -> None:
+        self._errors.add(call, error_label(code))
+        if learn:
+            self.device.unsupported.add(key)
+            log.debug("GPU %d: %s is not supported; not asking again", self.device.index, call)
+
+
+@dataclass(frozen=True)
+class NvmlSession:
+    """An initialised NVML library and the selected GPUs."""
+
+    nvml: ModuleType
+    devices: tuple[GpuDevice, ...]
+    driver_version: str
+
+    @classmethod
+    def open(cls, nvml: ModuleType, selection: Sequence[str] = ()) -> NvmlSession:
+        """Initialise NVML and pick the GPUs: ``selection`` holds indices or UUIDs; empty means all.
+
+        Raises ``nvml.NVMLError`` when NVML cannot be initialised.
+        """
+        nvml.nvmlInit()
+        try:
+            driver_version = _system_string(nvml, "nvmlSystemGetDriverVersion")
+            cuda_driver_version = _cuda_version(nvml)
+            devices = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = text(nvml.nvmlDeviceGetUUID(handle))
+                if not selection or str(index) in selection or uuid in selection:
+                    devices.append(GpuDevice(index, uuid, handle, driver_version, cuda_driver_version))
+            missing = set(selection) - {str(d.index) for d in devices} - {d.uuid for d in devices}
+            if missing:
+                log.warning("selected GPUs not found: %s", ", ".join(sorted(missing)))
+            return cls(nvml, tuple(devices), driver_version)
+        except nvml.NVMLError:
+            nvml.nvmlShutdown()
+            raise
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _system_string(nvml: ModuleType, call: str) -> str:
+    try:
+        return text(getattr(nvml, call)())
+    except (nvml.NVMLError, AttributeError):
+        return ""
+
+
+def _cuda_version(nvml: ModuleType) -> str:
+    """The CUDA version the driver supports, as ``major.minor`` (NVML encodes 12040 for 12.4)."""
+    try:
+        version = nvml.nvmlSystemGetCudaDriverVersion()
+    except (nvml.NVMLError, AttributeError):
+        return ""
+    return f"{version // 1000}.{version % 1000 // 10}"

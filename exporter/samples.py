@@ -1,0 +1,63 @@
+"""Metric descriptions and the plain samples collectors produce, turned into Prometheus families at scrape.
+
+Collectors never touch prometheus_client objects: they append :class:`Sample` tuples to a list. The poller
+freezes those lists into a snapshot, and :func:`to_families` turns any mix of samples into metric families
+only when ``/metrics`` is scraped. Keeping collection and exposition apart is what lets a scrape answer
+without waiting on NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+GPU_LABELS = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, eq=False)
+class MetricSpec:
+    """One metric family as users see it: counters are named with their ``_total`` suffix.
+
+    Specs compare and hash by identity: each is defined once, next to the collector that fills it.
+    """
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.kind == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"{self.name}: counters, and only counters, end in _total")
+
+
+def gpu_gauge(name: str, help_: str, *labels: str) -> MetricSpec:
+    """A per-GPU gauge: ``gpu`` and ``uuid`` come first, then ``labels``."""
+    return MetricSpec(name, "gauge", help_, GPU_LABELS + labels)
+
+
+def gpu_counter(name: str, help_: str, *labels: str) -> MetricSpec:
+    """A per-GPU counter: ``gpu`` and ``uuid`` come first, then ``labels``."""
+    return MetricSpec(name, "counter", help_, GPU_LABELS + labels)
+
+
+class Sample(NamedTuple):
+    spec: MetricSpec
+    labels: tuple[str, ...]
+    value: float
+
+
+def to_families(samples: Iterable[Sample]) -> Iterator[Metric]:
+    """Group samples into one family per spec, in order of first appearance."""
+    families: dict[MetricSpec, Metric] = {}
+    for spec, labels, value in samples:
+        family = families.get(spec)
+        if family is None:
+            family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = family_type(spec.name, spec.help, labels=spec.labels)
+            families[spec] = family
+        family.add_metric(labels, value)
+    yield from families.values()
