@@ -1,0 +1,233 @@
+"""The launcher's part inside the launched program: serve the metrics, instrument models as they appear.
+
+:func:`bootstrap` runs from the launcher's ``sitecustomize`` when the interpreter starts, before the
+program's own code. transformers may be imported later, or never, so nothing is imported eagerly: a
+post-import hook waits for ``transformers.modeling_utils`` (the module every model class comes from) and
+then wraps two methods of ``PreTrainedModel``, whose roles are the same in transformers 5.17 and 5.24:
+
+* ``post_init``, which every model's ``__init__`` calls last: it sees direct construction
+  (``LlamaForCausalLM(config)``) and ``from_config``;
+* ``from_pretrained``, which builds the model (``post_init`` included) on the meta device, loads the
+  weights and may install a custom ``generate`` from the checkpoint: models are taken when it returns.
+
+A model is not instrumented there but at its first ``generate`` call, through a stand-in ``generate``
+on the instance (:class:`InstrumentOnFirstGenerate`): programs build a model and then move it
+(``.to("cuda")``, a dtype cast), and ``instrument()`` records the device, dtype and clock the model has
+when it is called. Only generating models (``GenerationMixin``, not encoder-decoder) are taken; their
+inner base models also pass through ``post_init`` and are skipped. Every failure here is contained and
+logged on the ``inferwatch.run`` logger: the program keeps running, uninstrumented.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
+from inferwatch.instrumentation.launcher import LaunchSettings
+
+logger = logging.getLogger("inferwatch.run")
+
+#: Set by the process that serves the metrics; the Python processes it starts inherit it and do not
+#: compete for the port (forked children do not inherit the server's thread either).
+SERVER_PID_ENV = "INFERWATCH_SERVER_PID"
+
+HOOKED_MODULE = "transformers.modeling_utils"
+
+_settings = LaunchSettings()
+_loading = threading.local()  # .depth: nesting of from_pretrained calls in this thread
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def bootstrap() -> None:
+    """Start the endpoint (in the first process of the program only) and hook transformers."""
+    global _settings
+    try:
+        _settings = LaunchSettings.from_env()
+    except ValueError as exc:
+        logger.warning("inferwatch run: %s; the program runs uninstrumented", exc)
+        return
+    if _settings.serve:
+        _start_server()
+    if HOOKED_MODULE in sys.modules:
+        _patch_transformers(sys.modules[HOOKED_MODULE])
+    else:
+        sys.meta_path.insert(0, PostImportHook(HOOKED_MODULE, _patch_transformers))
+
+
+def _start_server() -> None:
+    owner = os.environ.get(SERVER_PID_ENV)
+    if owner and owner != str(os.getpid()):
+        return
+    # Claimed before trying: when this process cannot listen, its children must not try either.
+    os.environ[SERVER_PID_ENV] = str(os.getpid())
+    try:
+        server = start_http_server(_settings.port, _settings.address)
+    except Exception as exc:
+        logger.warning("inferwatch run: metrics endpoint not started: %s", exc)
+        return
+    sys.stderr.write(f"inferwatch run: serving metrics on {server.url}\n")
+
+
+class PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` once, right after the module ``name`` has executed, whenever and however
+    it gets imported. It finds nothing itself: it lets the other finders find the module and wraps the
+    ``exec_module`` of the (per-import) loader they return."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_module_then_callback(module: ModuleType) -> None:
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.callback(module)
+
+        loader.exec_module = exec_module_then_callback  # type: ignore[method-assign]
+        return spec
+
+
+def _patch_transformers(modeling_utils: ModuleType) -> None:
+    try:
+        model_class = modeling_utils.PreTrainedModel
+        if getattr(model_class.post_init, "_inferwatch_wrapped", False):
+            return
+        model_class.post_init = _wrap_post_init(model_class.post_init)
+        model_class.from_pretrained = classmethod(_wrap_from_pretrained(model_class.from_pretrained.__func__))
+    except Exception:
+        logger.warning(
+            "inferwatch run: could not hook transformers; models stay uninstrumented", exc_info=True
+        )
+
+
+def _wrap_post_init(post_init: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(post_init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = post_init(self, *args, **kwargs)
+        if not getattr(_loading, "depth", 0):
+            watch_model(self)
+        return result
+
+    wrapper._inferwatch_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_from_pretrained(from_pretrained: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(from_pretrained)
+    def wrapper(cls: type, *args: Any, **kwargs: Any) -> Any:
+        _loading.depth = getattr(_loading, "depth", 0) + 1
+        try:
+            loaded = from_pretrained(cls, *args, **kwargs)
+        finally:
+            _loading.depth -= 1
+        if not _loading.depth:
+            # output_loading_info=True returns (model, info).
+            watch_model(loaded[0] if isinstance(loaded, tuple) else loaded)
+        return loaded
+
+    return wrapper
+
+
+def _is_generating_model(model: Any) -> bool:
+    from transformers.generation.utils import GenerationMixin
+
+    config = getattr(model, "config", None)
+    return isinstance(model, GenerationMixin) and not getattr(config, "is_encoder_decoder", False)
+
+
+def watch_model(model: Any) -> None:
+    """Have a causal LM instrumented at its first ``generate`` call; never raises."""
+    try:
+        if _is_generating_model(model) and not isinstance(
+            model.__dict__.get("generate"), InstrumentOnFirstGenerate
+        ):
+            model.generate = InstrumentOnFirstGenerate(model)
+    except Exception:
+        logger.warning("inferwatch run: cannot watch %s", type(model).__name__, exc_info=True)
+
+
+class InstrumentOnFirstGenerate:
+    """A model's ``generate`` until its first call, which instruments the model and then runs the real
+    one (an instance attribute the checkpoint installed, or the class's method)."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = weakref.ref(model)
+        self._previous = model.__dict__.get("generate")
+        self._lock = threading.Lock()
+        self._retired = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model()
+        with self._lock:
+            if not self._retired and model.__dict__.get("generate") is self:
+                if self._previous is None:
+                    del model.generate
+                else:
+                    model.generate = self._previous
+                instrument_model(model)
+                self._retired = True
+        if self._retired:
+            # The first call, or one that fetched this stand-in before the first call replaced it.
+            return model.generate(*args, **kwargs)
+        # Something wrapped generate on top of this stand-in (the program called instrument() itself, or
+        # another library): pass the call through to the real generate.
+        original = self._previous or type(model).generate.__get__(model)
+        return original(*args, **kwargs)
+
+
+def instrument_model(model: Any) -> None:
+    """Instrument ``model`` with the launcher's settings (instrument() keeps the handle); never raises."""
+    global _exit_hook_registered
+    try:
+        from inferwatch.instrumentation import InstrumentConfig, instrument
+
+        instrument(model, model_name=_settings.model_name, config=InstrumentConfig.from_env())
+        with _exit_hook_lock:
+            if _settings.multiprocess_dir and not _exit_hook_registered:
+                atexit.register(_forget_live_gauges)
+                _exit_hook_registered = True
+    except Exception:
+        logger.warning(
+            "inferwatch run: could not instrument %s; it runs uninstrumented",
+            type(model).__name__,
+            exc_info=True,
+        )
+
+
+def _forget_live_gauges() -> None:
+    # os.getpid() at exit, not at registration: forked workers inherit this handler.
+    try:
+        mark_process_dead(os.getpid(), _settings.multiprocess_dir)
+    except Exception:
+        logger.warning("inferwatch run: could not clean up multiprocess files", exc_info=True)
