@@ -21,7 +21,7 @@ from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
 
 PROG = "inferwatch-exporter"
 ENV_PREFIX = "INFERWATCH_EXPORTER_"
-DEFAULT_PORT = 9445
+DEFAULT_PORT = 9835
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 

@@ -50,7 +50,7 @@ ERROR_UNKNOWN = 999
 
 _UNSUPPORTED = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND})
 _GPU_GONE = frozenset({ERROR_GPU_IS_LOST, ERROR_RESET_REQUIRED})
-_NVML_GONE = frozenset(
+NVML_GONE_CODES = frozenset(
     {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIBRARY_NOT_FOUND, ERROR_LIB_RM_VERSION_MISMATCH}
 )
 _ERROR_LABELS = {
@@ -242,7 +242,7 @@ class GpuContext:
             self._errors.add(call, error_label(code))
             if code in _GPU_GONE:
                 raise GpuLost(f"{call}: {exc}") from None
-            if code in _NVML_GONE:
+            if code in NVML_GONE_CODES:
                 raise NvmlGone(f"{call}: {exc}") from None
             log.debug("GPU %d: %s failed: %s", self.device.index, call, exc)
             return None

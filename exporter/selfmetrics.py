@@ -56,7 +56,7 @@ NVML_ERRORS = MetricSpec(
 COLLECTOR_ERRORS = MetricSpec(
     "inferwatch_exporter_collector_errors_total",
     "counter",
-    "Collections in which a collector failed other than by an NVML error; its series were left out.",
+    "Failures of a collector other than NVML errors (per GPU for NVML collectors); its series were left out.",
     ("collector",),
 )
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .nvml import ERROR_TIMEOUT, NvmlSession, error_label, handle_key
+from .nvml import ERROR_TIMEOUT, NVML_GONE_CODES, NvmlSession, error_label, handle_key
 from .samples import MetricSpec, Sample, gpu_counter, gpu_gauge
 from .selfmetrics import Tally
 
@@ -111,9 +111,10 @@ class XidWatcher:
                 if exc.value == ERROR_TIMEOUT:
                     continue
                 self._errors.add("nvmlEventSetWait", error_label(exc.value))
+                if exc.value in NVML_GONE_CODES:
+                    return  # the poller reopens NVML and starts a new watcher
                 log.warning("waiting for XID events failed: %s", exc)
-                # Back off rather than spin: NVML may be going down, and the poller will notice.
-                self._stop.wait(1.0)
+                self._stop.wait(1.0)  # back off rather than spin on a persistent error
                 continue
             device = devices.get(handle_key(data.device))
             if not data.eventType & _XID_CRITICAL_ERROR or device is None:

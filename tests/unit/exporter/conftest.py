@@ -1,0 +1,52 @@
+"""In-process fixtures: a poller over the NVML stand-in, and its exposition as text."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from inferwatch.exporter.config import ExporterConfig
+from inferwatch.exporter.exposition import build_registry
+from inferwatch.exporter.poller import Poller
+from prometheus_client import generate_latest
+
+from tests.unit.exporter import fake_nvml
+
+MakePoller = Callable[..., Poller]
+
+
+@pytest.fixture
+def fake() -> Iterator[Any]:
+    """The stand-in, reset to two plain GPUs; a test calls ``fake.reset(...)`` for another scenario."""
+    fake_nvml.reset()
+    yield fake_nvml
+    fake_nvml.reset()
+
+
+@pytest.fixture
+def make_poller(fake: Any) -> Iterator[MakePoller]:
+    """Pollers over the stand-in (XID thread off unless asked for), stopped at the end of the test."""
+    pollers: list[Poller] = []
+
+    def make(**config: Any) -> Poller:
+        config.setdefault("xid", False)
+        poller = Poller(dataclasses.replace(ExporterConfig(), **config), fake, "test")
+        pollers.append(poller)
+        return poller
+
+    yield make
+    for poller in pollers:
+        poller.stop()
+
+
+def render(poller: Poller) -> str:
+    """The text a scrape of ``poller``'s exporter would return."""
+    return generate_latest(build_registry(poller)).decode()
+
+
+def own_process() -> list[list[int]]:
+    """A GPU process entry for the stand-in that names a process which exists: this one."""
+    return [[os.getpid(), 3 << 30]]

@@ -1,0 +1,293 @@
+"""The poller and collectors in-process, over the NVML stand-in: what is exported, and every fault path."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from tests.support import parse_samples, sample_value
+from tests.unit.exporter.conftest import MakePoller, own_process, render
+
+GIB = 1 << 30
+
+
+def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:
+    """Sum of the samples of ``metric`` for GPU ``gpu`` with ``labels`` (which may include ``name``)."""
+    wanted = {"gpu": str(gpu), **labels}.items()
+    found = [s.value for s in parse_samples(text) if s.name == metric and wanted <= s.labels.items()]
+    return sum(found) if found else None
+
+
+def own_comm() -> str:
+    with open(f"/proc/{os.getpid()}/comm", encoding="utf-8") as comm:
+        return comm.read().strip()
+
+
+def test_every_gpu_series_is_exported_with_the_values_nvml_gave(make_poller: MakePoller, fake: Any) -> None:
+    fake.reset(gpus=2, processes={0: own_process()})
+    poller = make_poller()
+    poller.collect()
+    text = render(poller)
+
+    assert sample_value(text, "inferwatch_nvml_up") == 1
+    for gpu in (0, 1):
+        uuid = f"GPU-fa4e0000-0000-4000-8000-{gpu:012d}"
+        assert gpu_value(text, "gpu_up", gpu, uuid=uuid) == 1
+        assert gpu_value(
+            text, "gpu_info", gpu, uuid=uuid, name="NVIDIA H200 (stand-in)", compute_capability="9.0"
+        )
+        assert gpu_value(text, "gpu_memory_total_bytes", gpu) == 141 * GIB
+        assert gpu_value(text, "gpu_memory_used_bytes", gpu) == 20 * GIB
+        assert gpu_value(text, "gpu_memory_reserved_bytes", gpu) == GIB // 2
+        assert gpu_value(text, "gpu_power_watts", gpu) == 350
+        assert gpu_value(text, "gpu_power_limit_watts", gpu) == 700
+        assert gpu_value(text, "gpu_temperature_celsius", gpu, sensor="gpu") == 45
+        assert gpu_value(text, "gpu_temperature_celsius", gpu, sensor="memory") == 52
+        assert gpu_value(text, "gpu_temperature_threshold_celsius", gpu, kind="slowdown") == 89
+        assert gpu_value(text, "gpu_clock_hz", gpu, clock="sm") == 1755e6
+        assert gpu_value(text, "gpu_clock_max_hz", gpu, clock="sm") == 1980e6
+        assert gpu_value(text, "gpu_pstate", gpu) == 0
+        assert gpu_value(text, "gpu_clocks_event_active", gpu, reason="sw_power_cap") == 1
+        assert gpu_value(text, "gpu_clocks_event_active", gpu, reason="gpu_idle") == 0
+        reasons = [
+            s for s in parse_samples(text) if s.name == "gpu_clocks_event_active" and s.labels["gpu"] == "0"
+        ]
+        assert len(reasons) == 9  # one per bit of the supported mask 0x1FF
+        assert gpu_value(text, "gpu_pcie_link_gen", gpu) == 5
+        assert gpu_value(text, "gpu_ecc_errors_total", gpu, type="corrected", scope="volatile") == 2
+        assert gpu_value(text, "gpu_remapped_rows", gpu, cause="correctable") == 1
+    comm = own_comm()
+    assert gpu_value(text, "gpu_process_memory_bytes", 0, pid=str(os.getpid()), comm=comm) == 3 * GIB
+    # The PIDs NVML reports make serving processes of their own accord (--processes.gpu).
+    assert sample_value(text, "inferwatch_process_resident_memory_bytes", pid=str(os.getpid()), comm=comm) > 0
+    assert sample_value(text, "host_memory_total_bytes") > 0
+
+
+def test_utilization_is_the_mean_of_the_samples_since_the_last_poll(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    # The stand-in's samples alternate 90 % and 10 %: any point reading is 0.9 or 0.1, the mean 0.5.
+    poller = make_poller()
+    poller.collect()
+    assert 0.45 <= gpu_value(render(poller), "gpu_utilization_ratio", 0) <= 0.55
+
+    fake.reset(not_supported={"nvmlDeviceGetSamples": [0]})
+    fallback = make_poller()
+    fallback.collect()
+    assert gpu_value(render(fallback), "gpu_utilization_ratio", 0) in (0.9, 0.1)  # the point reading
+
+
+def test_an_unsupported_call_is_learned_once_and_not_retried(make_poller: MakePoller, fake: Any) -> None:
+    fake.reset(gpus=2, not_supported={"nvmlDeviceGetPowerUsage": [1]})
+    poller = make_poller()
+    for _ in range(3):
+        poller.collect()
+    text = render(poller)
+
+    assert fake.calls[(1, "nvmlDeviceGetPowerUsage")] == 1
+    assert fake.calls[(0, "nvmlDeviceGetPowerUsage")] == 3
+    assert gpu_value(text, "gpu_power_watts", 1) is None
+    assert gpu_value(text, "gpu_power_watts", 0) == 350
+    assert gpu_value(text, "gpu_power_limit_watts", 1) == 700  # the rest of the GPU is still served
+    assert gpu_value(text, "gpu_up", 1) == 1
+    errors = sample_value(text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetPowerUsage")
+    assert errors == 1
+
+
+def test_a_lost_gpu_is_served_as_down_and_the_others_as_usual(make_poller: MakePoller, fake: Any) -> None:
+    fake.reset(gpus=3)
+    poller = make_poller()
+    poller.collect()
+    fake.command("lose", gpu=1)
+    poller.collect()
+    text = render(poller)
+
+    assert gpu_value(text, "gpu_up", 1) == 0
+    assert gpu_value(text, "gpu_power_watts", 1) is None
+    assert gpu_value(text, "gpu_up", 0) == gpu_value(text, "gpu_up", 2) == 1
+    assert gpu_value(text, "gpu_power_watts", 2) == 350
+    assert sample_value(text, "inferwatch_exporter_nvml_errors_total", error="gpu_lost") == 1
+    assert sample_value(text, "host_cpus") > 0
+
+    fake.command("recover", gpu=1)
+    poller.collect()
+    assert gpu_value(render(poller), "gpu_up", 1) == 1
+
+
+def test_counters_never_decrease_across_a_driver_reset(make_poller: MakePoller, fake: Any) -> None:
+    counters = (
+        ("gpu_energy_joules_total", {}),
+        ("gpu_clocks_event_seconds_total", {"reason": "sw_power_cap"}),
+    )
+    poller = make_poller()
+    time.sleep(0.3)  # let the stand-in's energy and throttle counters grow
+    poller.collect()
+    before = {name: gpu_value(render(poller), name, 0, **labels) for name, labels in counters}
+    assert all(value > 0 for value in before.values())
+
+    fake.command("driver_reset")
+    poller.collect()  # NVML answers "uninitialised": the session is closed and the GPUs served as down
+    assert gpu_value(render(poller), "gpu_up", 0) == 0
+    poller.collect()  # reopened: the raw counters restarted from zero
+    text = render(poller)
+    assert sample_value(text, "inferwatch_nvml_up") == 1
+    assert gpu_value(text, "gpu_up", 0) == 1
+    assert (
+        fake.nvmlDeviceGetTotalEnergyConsumption(fake._Handle(0)) / 1000 < before["gpu_energy_joules_total"]
+    )
+    for name, labels in counters:
+        assert gpu_value(text, name, 0, **labels) >= before[name], name
+
+
+def test_a_hung_call_marks_only_its_gpu_stale_and_is_reported_once(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    poller = make_poller(interval=0.3, timeout=0.2)
+    poller.collect()
+    first_read = gpu_value(render(poller), "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 1)
+    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=1.5)
+
+    started = time.monotonic()
+    poller.collect()
+    assert time.monotonic() - started < 0.6  # the deadline, not the hang, bounds the collection
+    poller.collect()  # the GPU's thread is still stuck: no second thread, no second report
+    text = render(poller)
+    assert gpu_value(text, "gpu_up", 1) == 0
+    assert gpu_value(text, "gpu_up", 0) == 1
+    assert gpu_value(text, "gpu_power_watts", 1) is None
+    assert gpu_value(text, "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 1) == first_read
+    assert gpu_value(text, "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 0) > first_read
+    hung = sample_value(
+        text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetTemperature", error="hung"
+    )
+    assert hung == 1
+    assert fake.calls[(1, "nvmlDeviceGetTemperature")] == 2  # the first poll's, and the one that hangs
+
+    time.sleep(1.5)
+    poller.collect()
+    assert gpu_value(render(poller), "gpu_up", 1) == 1
+
+
+def test_the_watchdog_reports_an_overrun_while_the_collection_still_runs(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    poller = make_poller(interval=0.2, timeout=2.0)
+    fake.command("hang", gpu=0, call="nvmlDeviceGetPowerUsage", seconds=3)
+    poller.start()
+    deadline = time.monotonic() + 1.5
+    while poller.overruns.get() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert poller.overruns.get() == 1
+    assert not poller.ready.is_set()  # the first collection has not finished: the watchdog saw it run over
+
+
+def test_without_nvml_host_metrics_are_served_and_init_is_retried_slowly(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    fake.reset(init_failures=2)
+    poller = make_poller(nvml_retry_interval=0.3)
+    poller.collect()
+    poller.collect()  # within the retry interval: no second attempt
+    text = render(poller)
+    assert sample_value(text, "inferwatch_nvml_up") == 0
+    assert sample_value(text, "host_cpu_seconds_total", mode="user") > 0
+    assert poller.ready.is_set()
+    assert fake.calls[(-1, "nvmlInit")] == 1
+
+    for attempts in (2, 3):
+        time.sleep(0.35)
+        poller.collect()
+        assert fake.calls[(-1, "nvmlInit")] == attempts
+    assert sample_value(render(poller), "inferwatch_nvml_up") == 1
+
+
+def test_an_xid_event_is_counted_with_its_time(make_poller: MakePoller, fake: Any) -> None:
+    poller = make_poller(xid=True)
+    poller.collect()
+    deadline = time.monotonic() + 5
+    while poller.xid_events.watched < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fake.command("xid", gpu=1, xid=79)
+    fake.command("xid", gpu=1, xid=79)
+    while gpu_value(render(poller), "gpu_xid_errors_total", 1, xid="79") != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    text = render(poller)
+    assert gpu_value(text, "gpu_xid_errors_total", 1, xid="79") == 2
+    assert abs(gpu_value(text, "gpu_xid_last_timestamp_seconds", 1, xid="79") - time.time()) < 5
+    assert gpu_value(text, "gpu_xid_errors_total", 0) is None
+    assert sample_value(text, "inferwatch_exporter_xid_watched_gpus") == 2
+
+
+def test_a_failing_collector_loses_only_its_own_series(
+    make_poller: MakePoller, fake: Any, monkeypatch
+) -> None:
+    monkeypatch.setattr(fake, "nvmlDeviceGetRemappedRows", lambda handle: (0, 0))  # malformed: 2 of 4 values
+    poller = make_poller()
+    poller.collect()
+    poller.collect()
+    text = render(poller)
+    # Two collections of two GPUs each.
+    assert sample_value(text, "inferwatch_exporter_collector_errors_total", collector="ecc") == 4
+    assert gpu_value(text, "gpu_ecc_mode", 0) is None  # emitted before the failure, then dropped
+    assert gpu_value(text, "gpu_power_watts", 0) == 350
+    assert gpu_value(text, "gpu_up", 0) == 1
+
+
+def test_gpu_process_series_are_capped_and_named_by_comm(make_poller: MakePoller, fake: Any) -> None:
+    gone = 1 << 23  # above Linux's largest pid_max: no such process
+    fake.reset(gpus=1, processes={0: [[gone + i, (i + 1) * GIB] for i in range(4)] + own_process()})
+    poller = make_poller(processes_max=2, gpu_processes=False)
+    poller.collect()
+    text = render(poller)
+    assert gpu_value(text, "gpu_processes", 0) == 5
+    shown = {s.labels["pid"]: s for s in parse_samples(text) if s.name == "gpu_process_memory_bytes"}
+    assert set(shown) == {str(gone + 3), str(gone + 2)}  # the two largest
+    assert shown[str(gone + 3)].labels["comm"] == "unknown"
+    assert set(shown[str(gone + 3)].labels) == {"gpu", "uuid", "pid", "comm"}
+    assert sample_value(text, "inferwatch_processes_matched") == 0  # --no-processes.gpu
+
+
+def test_serving_processes_are_matched_by_pid_file_and_name(make_poller: MakePoller, tmp_path) -> None:
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    comm = own_comm()
+    poller = make_poller(pid_files=(str(pid_file),), name_pattern=re.compile(f"^{re.escape(comm)}$"))
+    poller.collect()
+    text = render(poller)
+    labels = {"pid": str(os.getpid()), "comm": comm}
+    assert sample_value(text, "inferwatch_process_resident_memory_bytes", **labels) > 10 << 20
+    assert sample_value(text, "inferwatch_process_threads", **labels) >= 1
+    assert sample_value(text, "inferwatch_process_cpu_seconds_total", mode="user", **labels) > 0
+    # Pytest may run as several processes named alike, but this one is listed once.
+    own = [
+        s
+        for s in parse_samples(text)
+        if s.name == "inferwatch_process_threads" and s.labels["pid"] == labels["pid"]
+    ]
+    assert len(own) == 1
+
+
+def test_nvlink_and_mig_series_where_the_gpu_has_them(make_poller: MakePoller, fake: Any) -> None:
+    fake.reset(gpus=3, nvlink=[0], mig=[1])
+    poller = make_poller()
+    poller.collect()
+    text = render(poller)
+    assert gpu_value(text, "gpu_nvlink_links_active", 0) == 4
+    assert gpu_value(text, "gpu_nvlink_errors_total", 0, type="replay") == 1
+    assert gpu_value(text, "gpu_nvlink_links_active", 1) is None
+    assert gpu_value(text, "gpu_mig_mode", 1) == 1
+    assert gpu_value(text, "gpu_mig_mode", 2) == 0
+    assert gpu_value(text, "gpu_mig_memory_total_bytes", 1, mig="1") == 18 * GIB
+    assert len([s for s in parse_samples(text) if s.name == "gpu_mig_memory_used_bytes"]) == 2
+    poller.collect()  # the link range is probed once: the non-NVLink GPU is not asked again
+    assert fake.calls[(2, "nvmlDeviceGetNvLinkState")] == 1
+
+
+def test_gpu_selection_by_index_and_uuid(make_poller: MakePoller, fake: Any) -> None:
+    fake.reset(gpus=3)
+    poller = make_poller(gpus=("2", "GPU-fa4e0000-0000-4000-8000-000000000000"))
+    poller.collect()
+    up = {s.labels["gpu"] for s in parse_samples(render(poller)) if s.name == "gpu_up"}
+    assert up == {"0", "2"}
