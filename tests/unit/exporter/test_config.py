@@ -1,0 +1,85 @@
+"""Flags and their environment variables: precedence, parsing, and one-line errors on bad values."""
+
+from __future__ import annotations
+
+import pytest
+from inferwatch.cli import UsageError
+from inferwatch.exporter.config import OPTIONS, build_parser, parse_config, parse_duration
+
+
+def test_defaults() -> None:
+    config = parse_config([], {})
+    assert (config.listen_host, config.listen_port, config.telemetry_path) == ("", 9835, "/metrics")
+    assert config.interval == config.timeout == 1.0
+    assert (config.pcie_throughput, config.processes, config.xid, config.host) == (False, True, True, True)
+    assert config.gpus == () and config.processes_max == 16
+
+
+def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
+    env = {"INFERWATCH_EXPORTER_COLLECTOR_INTERVAL": "250ms", "INFERWATCH_EXPORTER_GPUS": "1,GPU-abc"}
+    config = parse_config(["--collector.interval", "2s"], env)
+    assert config.interval == 2.0
+    assert config.timeout == 2.0  # follows the interval unless set
+    assert config.gpus == ("1", "GPU-abc")
+    assert parse_config([], env).interval == 0.25
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "field", "expected"),
+    [
+        (["--web.listen-address", "[::1]:9000"], {}, "listen_host", "::1"),
+        (["--web.listen-address", ":9000"], {}, "listen_port", 9000),
+        (["--no-collector.host"], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "true"}, "host", False),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_PCIE_THROUGHPUT": "yes"}, "pcie_throughput", True),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "0"}, "xid", False),
+        (["--processes.pid-file", "a", "--processes.pid-file", "b"], {}, "pid_files", ("a", "b")),
+        ([], {"INFERWATCH_EXPORTER_PROCESSES_PID_FILE": "a,b"}, "pid_files", ("a", "b")),
+        (["--collector.timeout", "300ms"], {}, "timeout", 0.3),
+        (["--log.level", "warn"], {}, "log_level", "warning"),
+        (["--gpus", "all"], {}, "gpus", ()),
+    ],
+)
+def test_values(argv: list[str], env: dict[str, str], field: str, expected: object) -> None:
+    assert getattr(parse_config(argv, env), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--collector.interval=0"], {}, "--collector.interval: '0' must be above zero"),
+        (["--collector.interval=-1s"], {}, "--collector.interval: '-1s' is not a duration"),
+        (
+            [],
+            {"INFERWATCH_EXPORTER_COLLECTOR_INTERVAL": "0s"},
+            "INFERWATCH_EXPORTER_COLLECTOR_INTERVAL: '0s'",
+        ),
+        (["--web.listen-address", "9835"], {}, "is not HOST:PORT"),
+        (["--web.listen-address", "::1:9835"], {}, "in brackets"),
+        (["--web.telemetry-path", "/-/ready"], {}, "--web.telemetry-path"),
+        (["--gpus", "first"], {}, "--gpus: 'first' is not 'all'"),
+        (["--processes.name-pattern", "("], {}, "is not a regular expression"),
+        (["--log.level", "loud"], {}, "--log.level"),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_HOST: 'maybe'"),
+        (["--collector.nvlink"], {}, "unrecognized arguments: --collector.nvlink"),
+    ],
+)
+def test_bad_values_raise_a_usage_error_naming_the_source(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(UsageError, match="^.*" + message.replace("(", r"\(").replace("[", r"\[")) as caught:
+        parse_config(argv, env)
+    assert "\n" not in str(caught.value)
+
+
+def test_every_option_has_its_variable_in_the_help() -> None:
+    help_text = " ".join(build_parser().format_help().split())
+    for option in OPTIONS:
+        assert option.flag in help_text
+        assert option.env in help_text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("500ms", 0.5), ("1.5s", 1.5), ("2m", 120), ("1h", 3600), ("3", 3)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
