@@ -1,0 +1,125 @@
+"""Shared pieces of the deploy checks: paths, bounded runs of the real tools, and readers of the
+compose stack, the Dockerfiles and the alert rules' configuration."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.integration.services import require_binary
+from tests.support import REPO_ROOT
+
+DEPLOY = REPO_ROOT / "deploy"
+COMPOSE_DIR = DEPLOY / "compose"
+DOCKER_DIR = DEPLOY / "docker"
+KUBERNETES_DIR = DEPLOY / "kubernetes"
+TOOL_TIMEOUT_SECONDS = 120
+
+
+def run_tool(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path = REPO_ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run a real tool (looked up like the integration suite does: a missing one fails, never skips) in
+    ``cwd``, bounded in time, capturing its output; ``env`` is merged over the current environment."""
+    return subprocess.run(
+        [require_binary(cmd[0]), *cmd[1:]],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT_SECONDS,
+        check=False,
+    )
+
+
+def load_documents(text: str) -> list[dict[str, Any]]:
+    """The non-empty documents of a multi-document YAML text."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def project_version() -> str:
+    """The distribution's version, from pyproject.toml (the images are tagged with it)."""
+    text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'^version = "([^"]+)"$', text, flags=re.MULTILINE)
+    assert match, "pyproject.toml has no version"
+    return match[1]
+
+
+def alert_rule_jobs() -> dict[str, str]:
+    """The job each selector of the alert rules' configuration (alerts/config.yaml) matches."""
+    config = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text(encoding="utf-8"))
+    jobs = {}
+    for name, matchers in config["selectors"].items():
+        match = re.search(r'\bjob\s*=\s*"([^"]+)"', matchers)
+        assert match, f"selector {name!r} ({matchers!r}) names no job"
+        jobs[name] = match[1]
+    return jobs
+
+
+def kustomization_dirs() -> list[Path]:
+    """Every buildable kustomization (base and overlays; components are built through the overlays)."""
+    return sorted(
+        p.parent
+        for p in KUBERNETES_DIR.rglob("kustomization.yaml")
+        if yaml.safe_load(p.read_text(encoding="utf-8"))["kind"] == "Kustomization"
+    )
+
+
+# ------------------------------------------------------------------------------------------ compose stack
+
+COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
+GPU_OVERRIDE = COMPOSE_DIR / "compose.gpu.yaml"
+# (Not named "gpu": that is the marker that skips tests on machines without CUDA.)
+VARIANTS = {"default": [COMPOSE_FILE], "nvidia-override": [COMPOSE_FILE, GPU_OVERRIDE]}
+
+
+def compose_config(files: list[Path]) -> dict[str, Any]:
+    """The stack as docker-compose resolves it (paths absolute, ports normalised); fails if invalid."""
+    args = [arg for f in files for arg in ("-f", str(f))]
+    result = run_tool(["docker-compose", *args, "config"])
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    return yaml.safe_load(result.stdout)
+
+
+# ---------------------------------------------------------------------------------------------- Dockerfiles
+
+
+@dataclass
+class Stage:
+    """One build stage: its base image and its instructions (name, arguments), in order."""
+
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args_of(self, instruction: str) -> list[str]:
+        """The arguments of every ``instruction`` of the stage, whitespace normalised."""
+        return [args for name, args in self.instructions if name == instruction]
+
+
+def parse_dockerfile(path: Path) -> list[Stage]:
+    """The build stages of a Dockerfile: base image (global ARG defaults substituted) and instructions."""
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, args = line.partition(" ")
+        name, args = name.upper(), " ".join(args.split())
+        if name == "FROM":
+            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], args.split()[0])
+            stages.append(Stage(image))
+        elif stages:
+            stages[-1].instructions.append((name, args))
+        elif name == "ARG":
+            key, _, default = args.partition("=")
+            global_args[key] = default
+    return stages
