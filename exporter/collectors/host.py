@@ -18,7 +18,7 @@ MEMORY_AVAILABLE = MetricSpec(
     "host_memory_available_bytes", "gauge", "Memory available to new processes without swapping."
 )
 LOADS = tuple(
-    (MetricSpec(f"host_load{window}", "gauge", f"Load average over {window} minute(s)."), index)
+    (MetricSpec(f"host_load{window}", "gauge", f"Load average over the last {window} min."), index)
     for index, window in enumerate((1, 5, 15))
 )
 

@@ -11,7 +11,7 @@ POWER_LIMIT = gpu_gauge(
 )
 ENERGY = gpu_counter(
     "gpu_energy_joules_total",
-    "Energy used since the exporter first saw this GPU's driver load; never decreases across driver resets.",
+    "Energy used by the GPU since its driver loaded (NVML's counter), carried over driver resets.",
 )
 
 

@@ -1,0 +1,37 @@
+"""docs/metrics.md's Exporter section and what the exporter exposes, kept in step both ways.
+
+The exposition comes from a collection over the NVML stand-in set up so that every collector has
+something to say: several GPUs, one with NVLink and one in MIG mode, a process on a GPU, PCIe throughput
+on, and an XID event delivered.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from tests.support import documented_metrics, exposed_metrics
+from tests.unit.exporter.conftest import MakePoller, own_process, render
+
+
+def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
+    make_poller: MakePoller, fake: Any, tmp_path
+) -> None:
+    fake.reset(gpus=3, nvlink=[0], mig=[1], processes={0: own_process()})
+    pid_file = tmp_path / "server.pid"
+    pid_file.write_text(str(os.getpid()))
+    poller = make_poller(xid=True, pcie_throughput=True, pid_files=(str(pid_file),))
+    poller.collect()
+    deadline = time.monotonic() + 5
+    while poller.xid_events.watched < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fake.command("xid", gpu=2, xid=48)
+    while "gpu_xid_errors_total" not in exposed_metrics(render(poller)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    exposed = exposed_metrics(render(poller))
+    documented = documented_metrics("Exporter")
+    assert sorted(set(exposed) - set(documented)) == [], "exposed but not in docs/metrics.md"
+    assert sorted(set(documented) - set(exposed)) == [], "in docs/metrics.md but not exposed"
+    assert {name: exposed[name] for name in documented} == documented, "types differ"
