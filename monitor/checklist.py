@@ -1,0 +1,91 @@
+"""The remedies ``inferwatch diagnose`` points to: the optimization checklist, fault procedures and
+bottleneck matrix of the reference notes (``reference/000``: "8.4 推理性能分析与优化 Checklist";
+``reference/002``: sections 4.1 and 6), restated in English with where each comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChecklistItem:
+    """One thing to do about a finding."""
+
+    action: str
+    rationale: str
+    source: str  # where in the reference notes the item comes from
+
+    def to_dict(self) -> dict[str, str]:
+        return {"action": self.action, "rationale": self.rationale, "source": self.source}
+
+
+_CHECKLIST_000 = "reference/000 §系统化优化 Checklist"
+
+COMPILE = ChecklistItem(
+    'torch.compile(model, mode="reduce-overhead")',
+    "captures the decode step in CUDA graphs and removes per-step Python and launch overhead "
+    "(10-30 % expected)",
+    f"{_CHECKLIST_000}, priority 1",
+)
+KV_CACHE = ChecklistItem(
+    "enable the KV cache (generate(use_cache=True) or a static cache)",
+    "without it every decode step recomputes attention over the whole sequence",
+    f"{_CHECKLIST_000}, priority 1; reference/002 §4.1 bottleneck matrix",
+)
+SDPA = ChecklistItem(
+    "use SDPA / FlashAttention(-2) instead of hand-written attention",
+    "20-40 % faster attention; the fix when prefill time grows faster than linearly in the prompt",
+    f"{_CHECKLIST_000}, priorities 1-2",
+)
+BF16 = ChecklistItem(
+    "run in BF16 instead of FP32",
+    "about 2x on Ampere and later: tensor cores, and half the bytes to read",
+    f"{_CHECKLIST_000}, priority 1",
+)
+INT4 = ChecklistItem(
+    "INT4 weight quantization (GPTQ, AWQ, torchao)",
+    "memory-bound decode reads 4x fewer weight bytes: 20-50 % faster, quality loss usually < 2 %",
+    f"{_CHECKLIST_000}, priority 2",
+)
+BATCHING = ChecklistItem(
+    "batch requests (continuous batching)",
+    "one read of the weights serves many sequences: 3-10x throughput when decode is bandwidth-bound",
+    f"{_CHECKLIST_000}, priority 2",
+)
+SPECULATIVE = ChecklistItem(
+    "speculative decoding with a small draft model",
+    "verifies several drafted tokens per read of the weights: 2-3x faster decode",
+    f"{_CHECKLIST_000}, priority 3",
+)
+OVERLAP = ChecklistItem(
+    "find the idle gaps in a timeline (nsys profile, torch.profiler) and move host work off the "
+    "decode loop: preprocessing and detokenization in another thread, no per-step .item()/.cpu()",
+    "the GPU waits for the Python loop between steps",
+    "reference/002 §4.1 bottleneck matrix (GPU utilization fluctuates: look for idle gaps); "
+    "§6.1 (move data loading to its own thread)",
+)
+CLOCKS = ChecklistItem(
+    "check the GPU's power state and clocks: cooling, power limit (nvidia-smi -q -d PERFORMANCE), "
+    "and enable persistence mode",
+    "a throttled GPU runs every kernel slower, and unevenly",
+    "reference/002 §6.1 (check whether the GPU is frequently downclocked; enable persistence mode)",
+)
+ISOLATION = ChecklistItem(
+    "look for other processes competing for the GPU or CPU, isolate the server (cgroups, CPU "
+    "pinning), and check the preprocessing pipeline for CPU stalls",
+    "the same request should take the same time; contention and throttling make it vary",
+    "reference/002 §6.1 (latency of identical requests differs by more than 30 %)",
+)
+MEMORY = ChecklistItem(
+    "read torch.cuda.memory_summary(), then lower the batch size or sequence length, or use a "
+    "paged KV cache (vLLM PagedAttention) or a more efficient allocator",
+    "device memory is nearly full: the next long request or larger batch runs out",
+    "reference/002 §6.2 (CUDA OOM); reference/000 priority 3 (PagedAttention)",
+)
+LEAK = ChecklistItem(
+    "look for memory that grows with each request (caches kept across requests, tensors held in "
+    "lists, growing KV caches that are never freed): torch.cuda.memory_summary() between requests",
+    "memory rising while the load does not is a leak, and ends in an OOM",
+    "reference/002 §6.2 (check for leaks: caches that grow with each iteration)",
+)

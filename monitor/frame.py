@@ -1,0 +1,217 @@
+"""What one screen of ``inferwatch top`` shows, computed from two scrape rounds.
+
+Instant values (utilization, memory, power, clocks, temperatures, running requests, KV bytes, busy ratio)
+come from the later round. Rates (tokens/s, CPU) and latency percentiles (TTFT, ITL) come from the
+difference between the rounds: the percentiles are those of the tokens and requests that completed in the
+window, from the histogram buckets that grew, not of everything since the process started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from inferwatch.monitor import queries as q
+from inferwatch.monitor.expr import Expr
+from inferwatch.monitor.scrape import Labels, Snapshot
+
+
+@dataclass(frozen=True)
+class EndpointRow:
+    url: str
+    instance: str
+    up: bool
+    error: str | None
+    scrape_seconds: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    instance: str
+    gpu: str
+    name: str | None
+    up: float | None  # gpu_up: 0 when the exporter lost the GPU
+    utilization: float | None
+    memory_used_bytes: float | None
+    memory_free_bytes: float | None
+    memory_total_bytes: float | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    sm_clock_hz: float | None
+    sm_clock_max_hz: float | None
+    temperature_celsius: float | None
+    slowdown_celsius: float | None
+    throttle_reasons: tuple[str, ...]  # active clocks-event reasons that are throttling
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    instance: str
+    model: str
+    device: str | None
+    ttft_p50_seconds: float | None
+    ttft_p99_seconds: float | None
+    itl_p50_seconds: float | None
+    itl_p99_seconds: float | None
+    tokens_per_second: float | None
+    requests_running: float | None
+    kv_cache_bytes: float | None
+    kv_cache_headroom_tokens: float | None
+    busy_ratio: float | None
+
+
+@dataclass(frozen=True)
+class HostRow:
+    instance: str
+    cpu_busy_ratio: float | None
+    cpus: float | None
+    memory_available_bytes: float | None
+    memory_total_bytes: float | None
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    instance: str
+    pid: str
+    comm: str
+    cpu_cores: float | None
+    resident_memory_bytes: float | None
+
+
+@dataclass(frozen=True)
+class Frame:
+    window_seconds: float | None  # None for a first frame: no rates or percentiles yet
+    endpoints: tuple[EndpointRow, ...]
+    gpus: tuple[GpuRow, ...]
+    models: tuple[ModelRow, ...]
+    hosts: tuple[HostRow, ...]
+    processes: tuple[ProcessRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_GPU_FIELDS: dict[str, Expr] = {
+    "up": q.GPU_UP,
+    "utilization": q.GPU_UTIL,
+    "memory_used_bytes": q.GPU_MEMORY_USED,
+    "memory_free_bytes": q.GPU_MEMORY_FREE,
+    "memory_total_bytes": q.GPU_MEMORY_TOTAL,
+    "power_watts": q.GPU_POWER,
+    "power_limit_watts": q.GPU_POWER_LIMIT,
+    "sm_clock_hz": q.SM_CLOCK,
+    "sm_clock_max_hz": q.SM_CLOCK_MAX,
+    "temperature_celsius": q.GPU_TEMPERATURE,
+    "slowdown_celsius": q.GPU_SLOWDOWN_TEMPERATURE,
+}
+_MODEL_FIELDS: dict[str, Expr] = {
+    "ttft_p50_seconds": q.TTFT_P50,
+    "ttft_p99_seconds": q.TTFT_P99,
+    "itl_p50_seconds": q.ITL_P50,
+    "itl_p99_seconds": q.ITL_P99,
+    "tokens_per_second": q.TOKENS_RATE,
+    "requests_running": q.RUNNING,
+    "kv_cache_bytes": q.KV_BYTES,
+    "kv_cache_headroom_tokens": q.KV_HEADROOM,
+    "busy_ratio": q.BUSY,
+}
+_HOST_FIELDS: dict[str, Expr] = {
+    "cpus": q.HOST_CPUS,
+    "memory_available_bytes": q.HOST_MEMORY_AVAILABLE,
+    "memory_total_bytes": q.HOST_MEMORY_TOTAL,
+}
+_PROCESS_FIELDS: dict[str, Expr] = {"cpu_cores": q.PROCESS_CPU_RATE, "resident_memory_bytes": q.PROCESS_RSS}
+
+
+def _table(fields: dict[str, Expr], earlier: Snapshot, later: Snapshot) -> dict[Labels, dict[str, float]]:
+    """Group -> {field: value} for every group any field has a value for."""
+    rows: defaultdict[Labels, dict[str, float]] = defaultdict(dict)
+    for name, expr in fields.items():
+        for group, value in expr.evaluate(earlier, later).items():
+            rows[group][name] = value
+    return rows
+
+
+def _label_values(snapshot: Snapshot, metric: str, key: tuple[str, ...], label: str) -> dict[Labels, str]:
+    """For info-style series: group -> the distinct values of ``label``, comma-joined."""
+    found: defaultdict[Labels, set[str]] = defaultdict(set)
+    for sample in snapshot.samples(metric):
+        labels = dict(sample.labels)
+        group = tuple((name, labels.get(name, "")) for name in sorted(key))
+        if labels.get(label):
+            found[group].add(labels[label])
+    return {group: ",".join(sorted(values)) for group, values in found.items()}
+
+
+def _key(group: Labels, *names: str) -> tuple[str, ...]:
+    labels = dict(group)
+    return tuple(labels.get(name, "") for name in names)
+
+
+def build_frame(earlier: Snapshot | None, later: Snapshot) -> Frame:
+    """The frame for the window from ``earlier`` to ``later`` (instant values only without ``earlier``)."""
+    # Against itself a snapshot yields gauges, and no rate or percentile (nothing happened in between).
+    base = earlier or later
+    endpoints = tuple(
+        EndpointRow(e.url, e.instance, e.up, e.error, e.duration_s, len(e.samples)) for e in later.endpoints
+    )
+
+    gpu_values = _table(_GPU_FIELDS, base, later)
+    names = _label_values(later, q.GPU_INFO.metric, q.GPU, "name")
+    throttled: defaultdict[Labels, list[str]] = defaultdict(list)
+    for group, value in q.CLOCK_EVENT_ACTIVE.evaluate(base, later).items():
+        reason = dict(group)["reason"]
+        if value > 0 and reason not in q.BENIGN_CLOCK_REASONS:
+            throttled[tuple(kv for kv in group if kv[0] != "reason")].append(reason)
+    gpus = tuple(
+        GpuRow(
+            *_key(group, "instance", "gpu"),
+            name=names.get(group),
+            throttle_reasons=tuple(sorted(throttled.get(group, ()))),
+            **{field: gpu_values[group].get(field) for field in _GPU_FIELDS},
+        )
+        for group in sorted(set(gpu_values) | set(names), key=lambda g: (_key(g, "instance"), _gpu_index(g)))
+    )
+
+    model_values = _table(_MODEL_FIELDS, base, later)
+    devices = _label_values(later, q.MODEL_INFO.metric, q.MODEL, "device")
+    models = tuple(
+        ModelRow(
+            *_key(group, "instance", "model"),
+            device=devices.get(group),
+            **{field: model_values[group].get(field) for field in _MODEL_FIELDS},
+        )
+        for group in sorted(set(model_values) | set(devices))
+    )
+
+    host_values = _table(_HOST_FIELDS, base, later)
+    cpu_total, cpu_idle = q.HOST_CPU_RATE.evaluate(base, later), q.HOST_CPU_IDLE_RATE.evaluate(base, later)
+    hosts = tuple(
+        HostRow(
+            *_key(group, "instance"),
+            cpu_busy_ratio=(
+                1 - cpu_idle[group] / cpu_total[group] if cpu_total.get(group) and group in cpu_idle else None
+            ),
+            **{field: host_values[group].get(field) for field in _HOST_FIELDS},
+        )
+        for group in sorted(host_values)
+    )
+
+    process_values = _table(_PROCESS_FIELDS, base, later)
+    processes = tuple(
+        ProcessRow(
+            *_key(group, "instance", "pid", "comm"),
+            **{field: process_values[group].get(field) for field in _PROCESS_FIELDS},
+        )
+        for group in sorted(process_values)
+    )
+    window = later.time - earlier.time if earlier is not None else None
+    return Frame(window, endpoints, gpus, models, hosts, processes)
+
+
+def _gpu_index(group: Labels) -> int:
+    index = dict(group).get("gpu", "")
+    return int(index) if index.isdigit() else -1

@@ -1,0 +1,292 @@
+"""``inferwatch top``: a live terminal view of inferwatch endpoints, for a person on the box.
+
+It scrapes the exporter and instrumented serving processes every ``--interval`` seconds and shows, per GPU,
+utilization, memory and headroom, power against its limit, SM clock against its maximum with the active
+throttle reasons, and temperature against the slowdown threshold; per model, TTFT and ITL percentiles of
+the last interval, tokens/s, running requests, KV-cache bytes and headroom, and the busy ratio; the host
+and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and scraped
+again at the next refresh.
+
+``--once`` prints one frame and exits (1 when an endpoint is down): two scrapes ``--window`` seconds apart,
+plain text when stdout is not a terminal, JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from inferwatch.cli import UsageError
+from inferwatch.monitor.frame import Frame, GpuRow, ModelRow, build_frame
+from inferwatch.monitor.scrape import normalize_url, scrape_round
+from inferwatch.monitor.units import duration, number, percent, size
+
+# Where `inferwatch demo` / instrument() and `inferwatch-exporter` listen by default (a test keeps these in
+# step with inferwatch.instrumentation.exposition.DEFAULT_PORT and inferwatch.exporter.config.DEFAULT_PORT,
+# which this module must not import: the monitor runs without torch and without NVML).
+SERVING_DEFAULT_URL = "http://127.0.0.1:8000/metrics"
+EXPORTER_DEFAULT_URL = "http://127.0.0.1:9835/metrics"
+# A GPU this close to its slowdown temperature is shown in red: clocks are about to drop.
+TEMPERATURE_MARGIN_CELSIUS = 5.0
+LOW_FREE_MEMORY = 0.10
+LOW_BUSY_RATIO = 0.5
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "urls",
+        nargs="*",
+        metavar="URL",
+        help=f"metrics endpoints: host:port or URLs (default {SERVING_DEFAULT_URL} {EXPORTER_DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--interval", type=_positive, default=2.0, help="seconds between refreshes (default 2)"
+    )
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.add_argument(
+        "--window",
+        type=_positive,
+        default=2.0,
+        help="--once: seconds between the two scrapes that rates and percentiles come from (default 2)",
+    )
+    parser.add_argument("--json", action="store_true", help="--once: print the frame as JSON")
+    parser.add_argument(
+        "--timeout", type=_positive, default=2.0, help="seconds to wait for a scrape (default 2)"
+    )
+
+
+# --- rendering ----------------------------------------------------------------------------------------
+
+
+def _or_dash(value: float | None, fmt: Callable[[float], str]) -> str:
+    return "-" if value is None else fmt(value)
+
+
+def _pair(value: float | None, limit: float | None, fmt: Callable[[float], str], unit: str = "") -> str:
+    return f"{_or_dash(value, fmt)}/{_or_dash(limit, fmt)}{unit}"
+
+
+def _percentiles(p50: float | None, p99: float | None) -> str:
+    return f"{_or_dash(p50, duration)} / {_or_dash(p99, duration)}"
+
+
+def _gpu_cells(row: GpuRow) -> list[Any]:
+    from rich.text import Text
+
+    free_share = (
+        row.memory_free_bytes / row.memory_total_bytes
+        if row.memory_free_bytes is not None and row.memory_total_bytes
+        else None
+    )
+    hot = (
+        row.temperature_celsius is not None
+        and row.slowdown_celsius is not None
+        and row.temperature_celsius >= row.slowdown_celsius - TEMPERATURE_MARGIN_CELSIUS
+    )
+    throttle = Text(
+        ", ".join(row.throttle_reasons) or "-", style="bold red" if row.throttle_reasons else "dim"
+    )
+    return [
+        row.gpu if row.up != 0 else Text(f"{row.gpu} lost", style="bold red"),
+        row.name or "-",
+        _or_dash(row.utilization, percent),
+        _pair(row.memory_used_bytes, row.memory_total_bytes, lambda b: f"{b / 2**30:.1f}", " GiB"),
+        Text(_or_dash(free_share, percent), style="bold red" if (free_share or 1) < LOW_FREE_MEMORY else ""),
+        _pair(row.power_watts, row.power_limit_watts, lambda w: f"{w:.0f}", " W"),
+        _pair(row.sm_clock_hz, row.sm_clock_max_hz, lambda hz: f"{hz / 1e6:.0f}", " MHz"),
+        Text(
+            _pair(row.temperature_celsius, row.slowdown_celsius, lambda c: f"{c:.0f}", " °C"),
+            style="bold red" if hot else "",
+        ),
+        throttle,
+    ]
+
+
+def _model_cells(row: ModelRow) -> list[Any]:
+    from rich.text import Text
+
+    host_bound = (
+        row.busy_ratio is not None and row.busy_ratio < LOW_BUSY_RATIO and (row.requests_running or 0) > 0
+    )
+    return [
+        row.model,
+        row.instance,
+        row.device or "-",
+        _percentiles(row.ttft_p50_seconds, row.ttft_p99_seconds),
+        _percentiles(row.itl_p50_seconds, row.itl_p99_seconds),
+        _or_dash(row.tokens_per_second, lambda v: f"{v:.1f}"),
+        _or_dash(row.requests_running, number),
+        _or_dash(row.kv_cache_bytes, size),
+        _or_dash(row.kv_cache_headroom_tokens, number),
+        Text(_or_dash(row.busy_ratio, percent), style="yellow" if host_bound else ""),
+    ]
+
+
+def render(frame: Frame, now: datetime.datetime | None = None) -> Any:
+    """The frame as a rich renderable: a heading and one table per kind of row."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def table(title: str, headers: Sequence[str]) -> Table:
+        out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for header in headers:
+            out.add_column(header, no_wrap=True)
+        return out
+
+    up = sum(1 for e in frame.endpoints if e.up)
+    stamp = (now or datetime.datetime.now()).strftime("%H:%M:%S")
+    window = (
+        "first scrape, no rates yet"
+        if frame.window_seconds is None
+        else f"window {frame.window_seconds:.1f}s"
+    )
+    parts: list[Any] = [
+        Text(f"inferwatch top  {stamp}  {window}  {up}/{len(frame.endpoints)} endpoints up", style="bold")
+    ]
+
+    if frame.gpus:
+        gpus = table(
+            "GPUs",
+            [
+                "instance",
+                "gpu",
+                "name",
+                "util",
+                "memory",
+                "free",
+                "power",
+                "SM clock",
+                "temp/slowdown",
+                "throttle",
+            ],
+        )
+        for row in frame.gpus:
+            gpus.add_row(row.instance, *_gpu_cells(row))
+        parts.append(gpus)
+    if frame.models:
+        models = table(
+            "models",
+            [
+                "model",
+                "instance",
+                "device",
+                "TTFT p50 / p99",
+                "ITL p50 / p99",
+                "tok/s",
+                "running",
+                "KV cache",
+                "KV headroom (tok)",
+                "busy",
+            ],
+        )
+        for row in frame.models:
+            models.add_row(*_model_cells(row))
+        parts.append(models)
+    if frame.hosts or frame.processes:
+        host = table("host and serving processes", ["instance", "process", "CPU", "memory"])
+        for row in frame.hosts:
+            host.add_row(
+                row.instance,
+                "host",
+                f"{_or_dash(row.cpu_busy_ratio, percent)} of {_or_dash(row.cpus, number)} cores",
+                f"{_or_dash(row.memory_available_bytes, size)} free"
+                f" of {_or_dash(row.memory_total_bytes, size)}",
+            )
+        for process in frame.processes:
+            host.add_row(
+                process.instance,
+                f"{process.comm} ({process.pid})",
+                f"{_or_dash(process.cpu_cores, lambda c: f'{c:.2f}')} cores",
+                _or_dash(process.resident_memory_bytes, size),
+            )
+        parts.append(host)
+    endpoints = table("endpoints", ["endpoint", "status", "scrape", "samples"])
+    for endpoint in frame.endpoints:
+        status = (
+            Text("up", style="green") if endpoint.up else Text(f"down: {endpoint.error}", style="bold red")
+        )
+        endpoints.add_row(endpoint.url, status, duration(endpoint.scrape_seconds), str(endpoint.samples))
+    parts.append(endpoints)
+    return Group(*parts)
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        # A pipe or a file: no ANSI codes (rich's default there) and no wrapping at an assumed 80 columns.
+        console = Console(width=max(console.width, 200))
+    return console
+
+
+def _once(urls: Sequence[str], args: argparse.Namespace) -> int:
+    first = scrape_round(urls, args.timeout)
+    time.sleep(max(0.0, args.window - (time.monotonic() - first.time)))
+    frame = build_frame(first, scrape_round(urls, args.timeout))
+    if args.json:
+        json.dump(frame.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _console().print(render(frame))
+    down = [e for e in frame.endpoints if not e.up]
+    for endpoint in down:
+        print(f"inferwatch top: {endpoint.url} is down: {endpoint.error}", file=sys.stderr)
+    return 1 if down else 0
+
+
+def _frames(urls: Sequence[str], args: argparse.Namespace) -> Iterator[Frame]:
+    """A first frame of instant values at once, then one frame per interval, forever."""
+    previous = scrape_round(urls, args.timeout)
+    yield build_frame(None, previous)
+    while True:
+        time.sleep(max(0.0, args.interval - (time.monotonic() - previous.time)))
+        current = scrape_round(urls, args.timeout)
+        yield build_frame(previous, current)
+        previous = current
+
+
+def _live(urls: Sequence[str], args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    console = _console()
+    frames = _frames(urls, args)
+    try:
+        if not console.is_terminal:
+            # Batch mode, like `top -b`: one frame after another.
+            for frame in frames:
+                console.print(render(frame))
+        # The alternate screen, like top and htop: the terminal is restored on exit.
+        with Live(render(next(frames)), console=console, auto_refresh=False, screen=True) as live:
+            for frame in frames:
+                live.update(render(frame), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.json and not args.once:
+        raise UsageError("--json needs --once: a live view has no single frame to print")
+    urls = [normalize_url(url) for url in args.urls] or [SERVING_DEFAULT_URL, EXPORTER_DEFAULT_URL]
+    return _once(urls, args) if args.once else _live(urls, args)
