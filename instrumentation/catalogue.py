@@ -85,7 +85,7 @@ DECODE = _histogram(
 )  # fmt: skip
 FORWARD = _histogram(
     "llm_forward_seconds", "seconds", ("model", "phase"), "forward_buckets",
-    "Device time of one forward pass (CUDA events; host clock on CPU), by phase (prefill|decode).",
+    "Device time of one forward pass (CUDA events; host clock on CPU), by phase: prefill or decode.",
 )  # fmt: skip
 PROMPT_TOKENS_HIST = _histogram(
     "llm_request_prompt_tokens", "tokens", M, "token_buckets",

@@ -32,7 +32,7 @@ from inferwatch.instrumentation.hardware import (
     parameter_footprint,
     table_peak_flops,
 )
-from inferwatch.instrumentation.kvcache import measure, output_cache
+from inferwatch.instrumentation.kvcache import KVCacheSize, measure, output_cache
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
 from inferwatch.instrumentation.request import LooseForward, Request, Step
@@ -46,6 +46,9 @@ CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar
 )
 
 MAX_MODEL_LABEL_LENGTH = 128
+#: A request's KV cache is measured after its prefill, its first decode step and then every this many
+#: steps: the gauge trails the cache by fewer tokens than that.
+KV_MEASURE_INTERVAL = 8
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -95,6 +98,16 @@ def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
     if isinstance(embeds, torch.Tensor) and embeds.dim() >= 3:
         return embeds.shape[0], embeds.shape[1]
     return 0, 0
+
+
+def _kv_size(output: Any) -> KVCacheSize | None:
+    cache = output_cache(output)
+    return None if cache is None else measure(cache)
+
+
+def _kv_bytes(output: Any) -> int:
+    size = _kv_size(output)
+    return 0 if size is None else size.bytes
 
 
 def generated_lengths(generated: torch.Tensor, eos_ids: list[int], pad_id: int | None) -> torch.Tensor:
@@ -263,28 +276,31 @@ class ModelInstrumentation:
             batch, new_tokens = _input_shape(args, kwargs)
             if batch:
                 series.batch_size.observe(batch)
-            cache = output_cache(output)
-            size = measure(cache) if cache is not None else None
             request = CURRENT_REQUEST.get()
             if request is not None and request.clock is not clock:
                 request = None  # a tracked request on another clock: time the forward on its own
-            if request is not None:
-                phase = "prefill" if request.forwards == 0 else "decode"
-            else:
+            if request is None:
                 phase = "prefill" if new_tokens > 1 else "decode"
-            if phase == "decode":
-                work = self.param_bytes + (size.bytes if size is not None else 0)
+                kv_bytes = _kv_bytes(output) if phase == "decode" else 0
             else:
-                work = 2.0 * self.param_count * batch * new_tokens
+                phase = "prefill" if request.forwards == 0 else "decode"
+                # Reading every layer's shapes costs microseconds per step on deep models: measure after
+                # the prefill, the first decode step, then every KV_MEASURE_INTERVAL steps.
+                if request.forwards < 2 or request.forwards % KV_MEASURE_INTERVAL == 0:
+                    request.set_kv(_kv_size(output))
+                kv_bytes = request.kv_bytes
+            if phase == "decode":
+                work = self.param_bytes + kv_bytes  # a decode step reads every weight and the whole cache
+            else:
+                work = 2.0 * self.param_count * batch * new_tokens  # FLOPs of the prompt's tokens
             tokens = 1 if request is not None and request.owner is self else 0
             step = Step(series, self.device_label, phase, start, end, tokens, work)
             if request is None:
                 loose = LooseForward(clock, step)
                 if not loose.complete():
                     SAMPLER.defer(loose, self.errors)
-                return
-            request.set_kv(size)
-            request.add(step)
+            else:
+                request.add(step)
         except Exception as exc:
             self.errors.report("forward_post", exc)
 
@@ -333,7 +349,12 @@ class ModelInstrumentation:
 
     def _succeed(self, request: Request, args: tuple, kwargs: dict, output: Any) -> None:
         try:
-            request.finish("ok", self._token_counts(args, kwargs, output))
+            counts = self._token_counts(args, kwargs, output)
+        except Exception as exc:
+            self.errors.report("generate_exit", exc)
+            counts = None  # the request is still finished and timed, its tokens go uncounted
+        try:
+            request.finish("ok", counts)
             if not request.complete():
                 SAMPLER.defer(request, self.errors)
         except Exception as exc:

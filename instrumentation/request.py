@@ -60,7 +60,7 @@ class Request:
         clock: Clock,
         *,
         owner: object = None,
-        prompt_tokens: int | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         self.series = series
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
@@ -93,6 +93,11 @@ class Request:
         if size != self._kv:
             self.series.update_kv(self._kv, size)
             self._kv = size
+
+    @property
+    def kv_bytes(self) -> int:
+        """The request's KV-cache bytes at its last measurement."""
+        return 0 if self._kv is None else self._kv.bytes
 
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
@@ -167,15 +172,17 @@ class Request:
             series.max_itl.observe(self._max_gap)
         elif self._token_steps == 1:
             series.decode.observe(0.0)
-        prompt, generated = self._prompt_tokens, self._generation_tokens
+        self.clock.release(self.anchor)
         if self._counts is not None:
             prompt, generated = self._counts.value()
-        if prompt is not None:
-            series.prompt_tokens.inc(prompt)
-            series.prompt_tokens_hist.observe(prompt)
+        elif self.owner is None:  # a tracked request counts its own tokens
+            prompt, generated = self._prompt_tokens, self._generation_tokens
+        else:  # a generate whose output could not be counted (an error already reported)
+            return True
+        series.prompt_tokens.inc(prompt)
+        series.prompt_tokens_hist.observe(prompt)
         series.generation_tokens.inc(generated)
         series.generation_tokens_hist.observe(generated)
-        self.clock.release(self.anchor)
         return True
 
     def expired(self) -> bool:
