@@ -100,10 +100,12 @@ class GpuJob:
         self.failures: list[tuple[str, BaseException]] = []
         self.elapsed = 0.0
         self.hang_reported = False
+        self._started = 0.0
         self._collectors = collectors
         self._thread = threading.Thread(target=self._run, name=f"gpu{context.index}", daemon=True)
 
     def start(self) -> None:
+        self._started = time.perf_counter()
         self._thread.start()
 
     def wait(self, timeout: float) -> bool:
@@ -112,7 +114,6 @@ class GpuJob:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        started = time.perf_counter()
         try:
             run_collectors(self._collectors, self.context, self.durations, self.failures)
             self.outcome = Outcome.OK
@@ -121,7 +122,9 @@ class GpuJob:
         except NvmlGone as exc:
             self.reason, self.outcome = str(exc), Outcome.NVML_GONE
         finally:
-            self.elapsed = time.perf_counter() - started
+            self.elapsed = (
+                time.perf_counter() - self._started
+            )  # from the start of the wait, as the poller sees it
 
 
 class Poller:

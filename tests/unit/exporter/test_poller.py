@@ -144,14 +144,14 @@ def test_counters_never_decrease_across_a_driver_reset(make_poller: MakePoller, 
 def test_a_hung_call_marks_only_its_gpu_stale_and_is_reported_once(
     make_poller: MakePoller, fake: Any
 ) -> None:
-    poller = make_poller(interval=0.3, timeout=0.2)
+    poller = make_poller(interval=0.5, timeout=0.5)
     poller.collect()
     first_read = gpu_value(render(poller), "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 1)
-    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=1.5)
+    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=2.5)
 
     started = time.monotonic()
     poller.collect()
-    assert time.monotonic() - started < 0.6  # the deadline, not the hang, bounds the collection
+    assert time.monotonic() - started < 1.5  # the deadline, not the hang, bounds the collection
     poller.collect()  # the GPU's thread is still stuck: no second thread, no second report
     text = render(poller)
     assert gpu_value(text, "gpu_up", 1) == 0
@@ -165,7 +165,7 @@ def test_a_hung_call_marks_only_its_gpu_stale_and_is_reported_once(
     assert hung == 1
     assert fake.calls[(1, "nvmlDeviceGetTemperature")] == 2  # the first poll's, and the one that hangs
 
-    time.sleep(1.5)
+    time.sleep(2.5)
     poller.collect()
     assert gpu_value(render(poller), "gpu_up", 1) == 1
 

@@ -1,0 +1,349 @@
+"""``inferwatch-exporter`` as a real process, scraped over HTTP: startup, bad configuration, NVML faults
+driven through the stand-in (``tests.unit.exporter.fake_nvml``), concurrency, TLS and basic auth."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from inferwatch.exporter.config import OPTIONS
+
+from tests.integration.services import RunningProcess, start_exporter, start_process, wait_until
+from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
+from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
+
+pytestmark = pytest.mark.integration
+
+FAKE_NVML = "tests.unit.exporter.fake_nvml"
+# A short interval keeps the tests quick; the generous timeout keeps a busy CI machine, where one GPU's
+# poll can take a few hundred ms, from passing for a hung GPU.
+FAST = ["--collector.interval=200ms", "--collector.timeout=2s", "--nvml.retry-interval=200ms"]
+
+
+class Exporter:
+    """A running exporter over the NVML stand-in, and the file that injects faults into it."""
+
+    def __init__(self, proc: RunningProcess, address: str, control: Path) -> None:
+        self.proc = proc
+        self.url = f"http://{address}"
+        self._control = control
+
+    def scrape(self) -> str:
+        status, body = http_get(self.url + "/metrics")
+        assert status == 200, body
+        return body
+
+    def fault(self, op: str, **args: Any) -> None:
+        with self._control.open("a", encoding="utf-8") as control:
+            control.write(json.dumps({"op": op, **args}) + "\n")
+
+    def wait_for(self, predicate: Any, what: str, timeout: float = 10.0) -> str:
+        """Scrape until ``predicate(text)`` holds; return that text."""
+        found: list[str] = []
+
+        def probe() -> bool:
+            found[:] = [self.scrape()]
+            return predicate(found[0])
+
+        wait_until(probe, timeout, what, interval=0.1)
+        return found[0]
+
+
+@contextmanager
+def fake_exporter(tmp_path: Path, scenario: dict[str, Any], *args: str) -> Iterator[Exporter]:
+    control = tmp_path / "nvml-control.jsonl"
+    env = {
+        "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
+        "FAKE_NVML_SCENARIO": json.dumps(scenario),
+        "FAKE_NVML_CONTROL": str(control),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    with start_exporter(extra_args=[*FAST, *args], env=env, workdir=tmp_path, timeout=60) as (proc, address):
+        yield Exporter(proc, address, control)
+
+
+def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:
+    wanted = {"gpu": str(gpu), **labels}.items()
+    found = [s.value for s in parse_samples(text) if s.name == metric and wanted <= s.labels.items()]
+    return sum(found) if found else None
+
+
+def test_without_nvml_it_serves_host_metrics_logs_once_and_never_imports_torch(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    # -X importtime logs every module the process imports, for as long as it runs.
+    cmd = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "inferwatch.exporter",
+        f"--web.listen-address={address}",
+        *FAST,
+    ]
+    log_path = tmp_path / "exporter.log"
+    with start_process(cmd, f"http://{address}/-/ready", 60, log_path=log_path) as proc:
+        time.sleep(1.0)  # several retries of NVML initialisation
+        status, text = http_get(f"http://{address}/metrics")
+        assert status == 200
+        assert sample_value(text, "inferwatch_nvml_up") == 0
+        assert sample_value(text, "host_cpu_seconds_total", mode="idle") > 0
+        assert sample_value(text, "host_memory_available_bytes") > 0
+        assert sample_value(text, "process_resident_memory_bytes") < 60 << 20
+        assert http_get(f"http://{address}/-/healthy")[0] == 200
+        assert http_get(f"http://{address}/")[0] == 200
+        assert http_get(f"http://{address}/nothing")[0] == 404
+        assert proc.stop() == 0
+    log = log_path.read_text()
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith("import time:")
+    }
+    assert "inferwatch.exporter.poller" in imported  # the log really lists the exporter's imports
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
+    assert not {"numpy"} & imported
+    nvml_lines = [line for line in log.splitlines() if "NVML unavailable" in line]
+    assert len(nvml_lines) == 1, nvml_lines
+
+
+def test_help_documents_every_flag_and_variable() -> None:
+    result = subprocess.run(
+        ["inferwatch-exporter", "--help"], capture_output=True, text=True, timeout=60, env=_console_env()
+    )
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for option in OPTIONS:
+        assert option.flag in text and option.env in text
+
+
+def _console_env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--collector.interval=0"], {}, "--collector.interval: '0' must be above zero"),
+        (["--collector.interval=-2s"], {}, "--collector.interval"),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_XID: 'maybe'"),
+        (["--gpus=first"], {}, "--gpus"),
+        (["--collector.nvlink"], {}, "unrecognized arguments"),
+        (["--web.config.file=/nonexistent/web.yml"], {}, "/nonexistent/web.yml"),
+        (["--web.listen-address=127.0.0.1:{taken}"], {}, "cannot listen on 127.0.0.1:{taken}"),
+    ],
+)
+def test_bad_configuration_exits_2_with_one_clear_line(
+    args: list[str], env: dict[str, str], message: str, taken_port: int
+) -> None:
+    args = [a.format(taken=taken_port) for a in args]
+    if not any(a.startswith("--web.listen-address") for a in args):
+        args.append(f"--web.listen-address=127.0.0.1:{free_port()}")
+    result = subprocess.run(
+        ["inferwatch-exporter", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_console_env(), **env},
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("inferwatch-exporter: ")
+    assert message.format(taken=taken_port) in lines[0]
+
+
+def test_nvml_faults_leave_the_rest_served(tmp_path: Path) -> None:
+    scenario = {"gpus": 3, "not_supported": {"nvmlDeviceGetPowerUsage": [2]}}
+    with fake_exporter(tmp_path, scenario) as exporter:
+        text = exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 2) == 1, "three GPUs up")
+        assert gpu_value(text, "gpu_memory_total_bytes", 0) == 141 << 30
+        assert gpu_value(text, "gpu_power_watts", 2) is None
+        assert gpu_value(text, "gpu_power_watts", 1) == 350
+
+        # Not supported: learned once, not retried at each poll.
+        time.sleep(1.0)
+        text = exporter.scrape()
+        errors = {
+            s.labels["call"]: s.value
+            for s in parse_samples(text)
+            if s.name == "inferwatch_exporter_nvml_errors_total" and s.labels["error"] == "not_supported"
+        }
+        assert errors["nvmlDeviceGetPowerUsage"] == 1
+
+        # GPU lost mid-run.
+        exporter.fault("lose", gpu=1)
+        text = exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 1) == 0, "GPU 1 down")
+        assert gpu_value(text, "gpu_up", 0) == gpu_value(text, "gpu_up", 2) == 1
+        assert gpu_value(text, "gpu_temperature_celsius", 1) is None
+        assert gpu_value(text, "gpu_temperature_celsius", 0, sensor="gpu") == 45
+        exporter.fault("recover", gpu=1)
+        exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 1) == 1, "GPU 1 back")
+
+        # An XID event is a counter per code.
+        exporter.fault("xid", gpu=0, xid=79)
+        text = exporter.wait_for(lambda t: gpu_value(t, "gpu_xid_errors_total", 0, xid="79") == 1, "XID 79")
+        assert gpu_value(text, "gpu_xid_last_timestamp_seconds", 0, xid="79") > time.time() - 30
+
+
+def test_counters_never_decrease_across_a_driver_reset(tmp_path: Path) -> None:
+    counters = (
+        ("gpu_energy_joules_total", {}),
+        ("gpu_clocks_event_seconds_total", {"reason": "sw_power_cap"}),
+    )
+
+    def values(text: str) -> tuple[float | None, ...]:
+        return tuple(gpu_value(text, name, 0, **labels) for name, labels in counters)
+
+    with fake_exporter(tmp_path, {"gpus": 2}) as exporter:
+        time.sleep(1.0)
+        history = [values(exporter.scrape())]
+        exporter.fault("driver_reset")
+        reinitialised = exporter.wait_for(
+            lambda t: (
+                (sample_value(t, "inferwatch_exporter_nvml_errors_total", error="uninitialized") or 0) > 0
+                and gpu_value(t, "gpu_up", 0) == 1
+            ),
+            "NVML reinitialised after the reset",
+        )
+        history.append(values(reinitialised))
+        for _ in range(5):
+            time.sleep(0.2)
+            history.append(values(exporter.scrape()))
+    assert all(None not in h for h in history), history
+    for before, after in itertools.pairwise(history):
+        assert all(a >= b for a, b in zip(after, before, strict=True)), history
+
+
+def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path: Path) -> None:
+    with fake_exporter(tmp_path, {"gpus": 2}, "--collector.timeout=500ms") as exporter:
+        exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 1) == 1, "GPU 1 up")
+        exporter.fault("hang", gpu=1, call="nvmlDeviceGetPowerUsage", seconds=30)
+        first = exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 1) == 0, "GPU 1 served as down")
+
+        latencies = []
+        for _ in range(20):
+            started = time.perf_counter()
+            text = exporter.scrape()
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.05)
+        assert max(latencies) < 0.1, latencies
+        assert gpu_value(text, "gpu_up", 1) == 0
+        assert gpu_value(text, "gpu_up", 0) == 1 and gpu_value(text, "gpu_power_watts", 0) == 350
+        # Staleness: the hung GPU's last read stays where it was while collections go on.
+        gpu_read = "inferwatch_exporter_gpu_last_collect_timestamp_seconds"
+        assert gpu_value(text, gpu_read, 1) == gpu_value(first, gpu_read, 1)
+        collected = "inferwatch_exporter_last_collect_timestamp_seconds"
+        assert sample_value(text, collected) > sample_value(first, collected)
+        assert gpu_value(text, gpu_read, 0) > gpu_value(first, gpu_read, 0)
+        hung = sample_value(text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetPowerUsage")
+        assert hung == 1
+
+        started = time.monotonic()
+        assert exporter.proc.stop() == 0  # the stuck thread does not hold up shutdown
+        assert time.monotonic() - started < 5
+
+
+def test_200_scrapes_from_20_concurrent_clients(tmp_path: Path) -> None:
+    with fake_exporter(tmp_path, {"gpus": 8}) as exporter:
+        exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 7) == 1, "eight GPUs up")
+        failures: list[str] = []
+        bodies: list[int] = []
+
+        def client() -> None:
+            for _ in range(10):
+                try:
+                    text = exporter.scrape()
+                    bodies.append(len([s for s in parse_samples(text) if s.name == "gpu_up"]))
+                except Exception as exc:  # recorded, then asserted on in the main thread
+                    failures.append(repr(exc))
+
+        threads = [threading.Thread(target=client) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert failures == []
+    assert bodies == [8] * 200
+
+
+def test_tls_and_basic_auth_with_a_real_client(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
+        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
+    )
+    port = free_port()
+    url = f"https://localhost:{port}"
+    auth = ("prometheus", "s3cret")
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path):
+        response = requests.get(url + "/metrics", auth=auth, verify=str(cert), timeout=10)
+        assert response.status_code == 200
+        assert sample_value(response.text, "host_cpus") > 0
+        wrong = requests.get(url + "/metrics", auth=("prometheus", "wrong"), verify=str(cert), timeout=10)
+        assert wrong.status_code == 401
+        anonymous = requests.get(url + "/-/healthy", verify=str(cert), timeout=10)
+        assert anonymous.status_code == 401
+        assert anonymous.headers["WWW-Authenticate"].startswith("Basic")
+        # The standard library's client too, trusting only this certificate.
+        context = ssl.create_default_context(cafile=str(cert))
+        headers = {"Authorization": response.request.headers["Authorization"]}
+        with urllib.request.urlopen(
+            urllib.request.Request(url + "/-/ready", headers=headers), context=context
+        ) as reply:
+            assert reply.status == 200
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(url + "/metrics", auth=auth, timeout=10)  # with the system's CAs: untrusted
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)  # plain HTTP is not served
+
+
+@contextmanager
+def tls_exporter(
+    cmd: list[str], ready_url: str, cert: Path, auth: tuple[str, str], tmp_path: Path
+) -> Iterator[RunningProcess]:
+    """Like ``start_process``, but ready when ``ready_url`` answers 200 over HTTPS with credentials."""
+    log_path = tmp_path / "exporter.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_console_env(),
+            start_new_session=True,
+        )
+    proc = RunningProcess(popen, log_path, ready_url)
+
+    def ready() -> bool:
+        try:
+            return requests.get(ready_url, auth=auth, verify=str(cert), timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_until(ready, 60, lambda: f"{ready_url}; exporter log:\n{proc.log_tail()}", interval=0.1)
+        yield proc
+    finally:
+        proc.stop()
