@@ -3,6 +3,7 @@ compose stack, the Dockerfiles and the alert rules' configuration."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -77,11 +78,13 @@ def kustomization_dirs() -> list[Path]:
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 GPU_OVERRIDE = COMPOSE_DIR / "compose.gpu.yaml"
 # (Not named "gpu": that is the marker that skips tests on machines without CUDA.)
-VARIANTS = {"default": [COMPOSE_FILE], "nvidia-override": [COMPOSE_FILE, GPU_OVERRIDE]}
+VARIANTS = {"default": (COMPOSE_FILE,), "nvidia-override": (COMPOSE_FILE, GPU_OVERRIDE)}
 
 
-def compose_config(files: list[Path]) -> dict[str, Any]:
-    """The stack as docker-compose resolves it (paths absolute, ports normalised); fails if invalid."""
+@functools.cache
+def compose_config(files: tuple[Path, ...]) -> dict[str, Any]:
+    """The stack as docker-compose resolves it (paths absolute, ports normalised); fails if invalid.
+    Cached: docker-compose takes about a second to start. Callers must not modify the result."""
     args = [arg for f in files for arg in ("-f", str(f))]
     result = run_tool(["docker-compose", *args, "config"])
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"

@@ -24,8 +24,12 @@ from tests.unit.deploy.support import (
     run_tool,
 )
 
-# Images built from this repository; every other image is pulled and must be pinned to a release.
-BUILT_IMAGES = {"demo": "inferwatch-serving", "exporter": "inferwatch-exporter"}
+# Service -> (image, Dockerfile) of the images built from this repository; every other image is pulled
+# and must be pinned to a release.
+BUILT_IMAGES = {
+    "demo": ("inferwatch-serving", DOCKER_DIR / "Dockerfile.serving"),
+    "exporter": ("inferwatch-exporter", DOCKER_DIR / "Dockerfile.exporter"),
+}
 RELEASE_TAG = re.compile(r"^[\w./-]+:v?\d+\.\d+\.\d+$")
 
 
@@ -66,10 +70,9 @@ def test_every_port_is_published_on_loopback_only(stack: dict[str, Any]) -> None
 def test_images_are_pinned_and_built_ones_carry_the_project_version(stack: dict[str, Any]) -> None:
     for name, service in stack["services"].items():
         if name in BUILT_IMAGES:
-            assert service["image"] == f"{BUILT_IMAGES[name]}:{project_version()}"
-            assert Path(service["build"]["context"]) / service["build"]["dockerfile"] == (
-                DOCKER_DIR / f"Dockerfile.{'exporter' if name == 'exporter' else 'serving'}"
-            )
+            image, dockerfile = BUILT_IMAGES[name]
+            assert service["image"] == f"{image}:{project_version()}"
+            assert Path(service["build"]["context"]) / service["build"]["dockerfile"] == dockerfile
         else:
             assert RELEASE_TAG.match(service["image"]), (
                 f"{name}: {service['image']} is not pinned to a release"
