@@ -13,7 +13,7 @@ from types import ModuleType
 from inferwatch.cli import UsageError
 
 from .config import PROG, ExporterConfig, parse_config
-from .exposition import build_registry
+from .exposition import Exposition
 from .nvml import load_binding
 from .poller import Poller
 from .server import ExporterServer
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = ExporterServer(
             config.listen_host,
             config.listen_port,
-            build_registry(poller),
+            Exposition(poller),
             poller.ready,
             config.telemetry_path,
             web,

@@ -56,6 +56,7 @@ class Snapshot:
 
     samples: tuple[Sample, ...] = ()
     finished_at: float | None = None  # Unix time; None before the first collection
+    sequence: int = 0  # counts collections
 
 
 class Outcome(Enum):
@@ -181,6 +182,11 @@ class Poller:
         if self._config.xid:
             yield from self.xid_events.samples()
 
+    def state(self) -> tuple[object, ...]:
+        """Changes whenever :meth:`samples` would yield something else (compare with ``==``)."""
+        tallies = (self.overruns, self.nvml_errors, self.collector_errors)
+        return (self.snapshot.sequence, *(t.version for t in tallies), self.xid_events.version)
+
     def _loop(self) -> None:
         due = time.monotonic()
         while not self._stop.is_set():
@@ -242,7 +248,7 @@ class Poller:
             overran = elapsed > self._config.interval and not self._overrun_counted
         if overran:
             self.overruns.add()
-        self.snapshot = Snapshot(tuple(samples), finished_at)
+        self.snapshot = Snapshot(tuple(samples), finished_at, self.snapshot.sequence + 1)
         self.ready.set()
         return self.snapshot
 

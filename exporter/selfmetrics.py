@@ -71,10 +71,12 @@ class Tally:
         self._spec = spec
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], int] = dict.fromkeys(preset, 0)
+        self.version = 0  # changes with every count, so that a cached exposition knows it is stale
 
     def add(self, *labels: str) -> None:
         with self._lock:
             self._counts[labels] = self._counts.get(labels, 0) + 1
+            self.version += 1
 
     def get(self, *labels: str) -> int:
         with self._lock:

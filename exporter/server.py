@@ -16,9 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from inferwatch.cli import UsageError
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
+from .exposition import Exposition
 from .webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -40,13 +39,13 @@ class ExporterServer(ThreadingHTTPServer):
         self,
         host: str,
         port: int,
-        registry: CollectorRegistry,
+        exposition: Exposition,
         ready: threading.Event,
         telemetry_path: str = "/metrics",
         web: WebConfig | None = None,
     ) -> None:
         """Bind and listen; raises :class:`inferwatch.cli.UsageError` when the address cannot be used."""
-        self.registry = registry
+        self.exposition = exposition
         self.ready = ready
         self.telemetry_path = telemetry_path
         self.web = web or WebConfig()
@@ -110,8 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"Not found\n", send_body=send_body)
 
     def _metrics(self, send_body: bool) -> None:
-        encoder, content_type = choose_encoder(self.headers.get("Accept"))
-        body = encoder(self.server.registry)
+        body, content_type = self.server.exposition.render(self.headers.get("Accept"))
         extra = {}
         if "gzip" in (self.headers.get("Accept-Encoding") or ""):
             body = gzip.compress(body, compresslevel=1)

@@ -38,13 +38,25 @@ class XidEvents:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: dict[tuple[str, ...], tuple[int, float]] = {}  # (gpu, uuid, xid) -> (count, last)
-        self.watched = 0
+        self._watched = 0
+        self.version = 0  # changes with every event, so that a cached exposition knows it is stale
+
+    @property
+    def watched(self) -> int:
+        return self._watched
+
+    @watched.setter
+    def watched(self, gpus: int) -> None:
+        with self._lock:
+            self._watched = gpus
+            self.version += 1
 
     def record(self, gpu_labels: tuple[str, str], xid: int, when: float) -> None:
         key = (*gpu_labels, str(xid))
         with self._lock:
             count, _ = self._events.get(key, (0, 0.0))
             self._events[key] = (count + 1, when)
+            self.version += 1
 
     def samples(self) -> Iterator[Sample]:
         with self._lock:

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 from inferwatch.exporter.config import ExporterConfig
-from inferwatch.exporter.exposition import build_registry
+from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
-from prometheus_client import generate_latest
 
 from tests.unit.exporter import fake_nvml
 
@@ -44,7 +43,7 @@ def make_poller(fake: Any) -> Iterator[MakePoller]:
 
 def render(poller: Poller) -> str:
     """The text a scrape of ``poller``'s exporter would return."""
-    return generate_latest(build_registry(poller)).decode()
+    return Exposition(poller).render(None)[0].decode()
 
 
 def own_process() -> list[list[int]]:
