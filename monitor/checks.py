@@ -166,7 +166,7 @@ def subject(group: Labels) -> str:
         return f"model {labels['model']}{where}"
     if "device" in labels:
         return f"device {labels['device']}{where}"
-    return ", ".join(f"{k}={v}" for k, v in group) or "all"
+    return f"process{where}" if where else "all"
 
 
 # --- series arithmetic --------------------------------------------------------------------------------

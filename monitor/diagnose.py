@@ -143,11 +143,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prometheus_source(args: argparse.Namespace) -> PrometheusSource:
-    client = PrometheusClient(args.prometheus, timeout=args.timeout)
-    client.version()  # fails here, with one clear line, when the server is not there
     step = args.step or max(1.0, args.window / 30)
     if step > args.window:
         raise UsageError(f"--step ({step:g}s) is longer than --window ({args.window:g}s)")
+    client = PrometheusClient(args.prometheus, timeout=args.timeout)
+    client.version()  # fails here, with one clear line, when the server is not there
     return PrometheusSource(client, args.window, step, promql_duration(args.rate_window))
 
 

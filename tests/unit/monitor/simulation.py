@@ -1,0 +1,116 @@
+"""A simulated serving process and GPU exporter for the diagnosis checks.
+
+Both are real prometheus_client metrics with the catalogue's names; each step changes them as a process
+in that state would, and is scraped at a chosen time, so every expected figure follows from the
+simulation's parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inferwatch.monitor.checks import Diagnosis, diagnose
+from inferwatch.monitor.diagnose import ScrapeSource
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tests.unit.monitor.snapshots import endpoint, snapshot
+
+SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class Serving:
+    """An instrumented serving process of one model."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        m = ["model"]
+        self.itl = Histogram("llm_inter_token_latency_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
+        self.ttft = Histogram("llm_time_to_first_token_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
+        self.prefill = Histogram("llm_request_prefill_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
+        self.batch = Histogram("llm_batch_size", "", m, buckets=TOKEN_BUCKETS, registry=r)
+        self.prompt = Histogram("llm_request_prompt_tokens", "", m, buckets=TOKEN_BUCKETS, registry=r)
+        self.generated = Histogram("llm_request_generation_tokens", "", m, buckets=TOKEN_BUCKETS, registry=r)
+        self.tokens = Counter("llm_generation_tokens", "", m, registry=r)
+        self.ooms = Counter("llm_oom_events", "", m, registry=r)
+        self.running = Gauge("llm_requests_running", "", m, registry=r)
+        self.busy = Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r)
+        self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", ["model", "device"], registry=r)
+        self.rss = Gauge("process_resident_memory_bytes", "", registry=r)
+        Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("m", "cuda:0").set(1)
+
+    def step(
+        self,
+        *,
+        itl: float = 0.010,
+        tokens: int = 100,
+        batch: int = 1,
+        busy: float = 0.9,
+        running: int = 1,
+        requests: int = 4,
+        prompt: int = 64,
+        prefill: float = 0.020,
+        rss: float = 1e9,
+        ooms: int = 0,
+        bandwidth: float | None = None,
+    ) -> None:
+        for _ in range(tokens):
+            self.itl.labels("m").observe(itl)
+            self.batch.labels("m").observe(batch)
+        for _ in range(requests):
+            self.ttft.labels("m").observe(prefill)
+            self.prefill.labels("m").observe(prefill)
+            self.prompt.labels("m").observe(prompt)
+            self.generated.labels("m").observe(tokens / requests)
+        self.tokens.labels("m").inc(tokens)
+        self.ooms.labels("m").inc(ooms)
+        self.running.labels("m").set(running)
+        self.busy.labels("m", "cuda:0").set(busy)
+        self.rss.set(rss)
+        if bandwidth is not None:
+            self.bandwidth.labels("m", "cuda:0").set(bandwidth)
+
+
+class Gpus:
+    """The exporter's view of one GPU."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        g = ["gpu", "uuid"]
+        self.active = Gauge("gpu_clocks_event_active", "", [*g, "reason"], registry=r)
+        self.throttled = Counter("gpu_clocks_event_seconds", "", [*g, "reason"], registry=r)
+        self.free = Gauge("gpu_memory_free_bytes", "", g, registry=r)
+        self.total = Gauge("gpu_memory_total_bytes", "", g, registry=r)
+        self.used = Gauge("gpu_memory_used_bytes", "", g, registry=r)
+        self.clock = Gauge("gpu_clock_hz", "", [*g, "clock"], registry=r)
+        self.clock_max = Gauge("gpu_clock_max_hz", "", [*g, "clock"], registry=r)
+        self.total.labels("0", "GPU-0").set(80e9)
+        self.clock_max.labels("0", "GPU-0", "sm").set(1980e6)
+
+    def step(self, *, reasons: tuple[str, ...] = (), throttle_duty: float = 0.0, free: float = 40e9) -> None:
+        for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):
+            self.active.labels("0", "GPU-0", reason).set(1 if reason in reasons else 0)
+        self.throttled.labels("0", "GPU-0", "sw_power_cap").inc(throttle_duty)
+        self.free.labels("0", "GPU-0").set(free)
+        self.used.labels("0", "GPU-0").set(80e9 - free)
+        self.clock.labels("0", "GPU-0", "sm").set(1980e6 * (0.7 if reasons else 1.0))
+
+
+def run(
+    steps: int,
+    serving: Callable[[int], dict] | None = None,
+    gpus: Callable[[int], dict] | None = None,
+) -> Diagnosis:
+    """Scrape after each of ``steps`` one-second steps and diagnose the history."""
+    process, gpu = Serving(), Gpus()
+    snapshots = []
+    for i in range(steps):
+        scraped = []
+        if serving is not None:
+            process.step(**serving(i))
+            scraped.append(endpoint(process.registry, float(i), "serving:8000"))
+        if gpus is not None:
+            gpu.step(**gpus(i))
+            scraped.append(endpoint(gpu.registry, float(i), "exporter:9835"))
+        snapshots.append(snapshot(*scraped))
+    return diagnose(ScrapeSource(snapshots, "1s"))

@@ -1,0 +1,18 @@
+"""Snapshots built from real prometheus_client registries: what a scrape of a process with those metrics
+would return, at a time the test chooses (so rates are exact)."""
+
+from __future__ import annotations
+
+from inferwatch.monitor.scrape import EndpointScrape, Snapshot, parse_exposition
+from prometheus_client import CollectorRegistry, generate_latest
+
+
+def endpoint(registry: CollectorRegistry, at: float, instance: str = "serving:8000") -> EndpointScrape:
+    """One endpoint's scrape of ``registry`` completed at monotonic time ``at``."""
+    text = generate_latest(registry).decode()
+    samples = parse_exposition(text, {"instance": instance})
+    return EndpointScrape(f"http://{instance}/metrics", instance, at, 0.001, samples)
+
+
+def snapshot(*endpoints: EndpointScrape) -> Snapshot:
+    return Snapshot(tuple(endpoints))

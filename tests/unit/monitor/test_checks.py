@@ -1,0 +1,115 @@
+"""The bottleneck matrix and fault list on simulated metric histories (tests/unit/monitor/simulation.py)."""
+
+from __future__ import annotations
+
+import pytest
+from inferwatch.monitor.checks import Diagnosis, Severity
+
+from tests.unit.monitor.simulation import run
+
+
+def findings(diagnosis: Diagnosis, check: str) -> list:
+    return [f for f in diagnosis.findings if f.check == check]
+
+
+def test_a_healthy_process_raises_nothing() -> None:
+    diagnosis = run(12, serving=lambda i: {}, gpus=lambda i: {})
+    assert diagnosis.findings == []
+    assert not diagnosis.alarming
+    assert set(diagnosis.passed) >= {"host-bound", "throttling", "fluctuation", "oom-risk", "leak"}
+
+
+def test_no_data_is_not_assessed_rather_than_passed() -> None:
+    diagnosis = run(3)
+    assert diagnosis.findings == [] and diagnosis.passed == []
+    assert set(diagnosis.not_assessed) == {
+        "host-bound", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound", "scaling"
+    }  # fmt: skip
+
+
+def test_host_bound() -> None:
+    diagnosis = run(5, serving=lambda i: {"busy": 0.2})
+    (finding,) = findings(diagnosis, "host-bound")
+    assert finding.severity == Severity.WARNING
+    assert finding.subject == "model m on serving:8000"
+    assert finding.evidence[0].value == "20%"
+    assert finding.evidence[0].query == "avg by (instance, model) (llm_gpu_busy_ratio)"
+    assert "reference/002" in finding.checklist[0].source
+    assert diagnosis.alarming
+
+
+def test_idle_process_is_not_host_bound() -> None:
+    diagnosis = run(5, serving=lambda i: {"busy": 0.0, "running": 0, "tokens": 0, "requests": 0})
+    assert findings(diagnosis, "host-bound") == []
+    assert "host-bound" in diagnosis.not_assessed
+
+
+def test_fluctuating_latency() -> None:
+    diagnosis = run(10, serving=lambda i: {"itl": 0.004 if i % 2 else 0.04})
+    itl = [f for f in findings(diagnosis, "fluctuation") if "inter-token" in f.summary]
+    assert len(itl) == 1
+    assert itl[0].severity == Severity.WARNING
+
+
+def test_latency_that_follows_the_workload_is_not_fluctuation() -> None:
+    # Big batches every other step make ITL differ too: not the same requests, no finding.
+    diagnosis = run(10, serving=lambda i: {"itl": 0.004 if i % 2 else 0.04, "batch": 1 if i % 2 else 8})
+    assert [f for f in findings(diagnosis, "fluctuation") if "inter-token" in f.summary] == []
+
+
+def test_throttling_by_hardware_is_critical_and_idle_is_not_throttling() -> None:
+    diagnosis = run(5, gpus=lambda i: {"reasons": ("hw_slowdown", "gpu_idle")})
+    (finding,) = findings(diagnosis, "throttling")
+    assert finding.severity == Severity.CRITICAL
+    assert finding.subject == "GPU 0 on exporter:9835"
+    assert "hw_slowdown" in finding.summary and "gpu_idle" not in finding.summary
+    assert any(e.what.startswith("SM clock") and e.value == "70%" for e in finding.evidence)
+
+
+def test_throttle_time_without_a_current_reason() -> None:
+    # A power cap that came and went between polls: only the violation counter saw it (20 % of the time).
+    diagnosis = run(5, gpus=lambda i: {"throttle_duty": 0.2})
+    (finding,) = findings(diagnosis, "throttling")
+    assert finding.severity == Severity.WARNING
+    assert "throttled 20% of the time" in finding.evidence[0].what
+
+
+def test_low_device_memory() -> None:
+    diagnosis = run(4, gpus=lambda i: {"free": 3e9})
+    (finding,) = findings(diagnosis, "oom-risk")
+    assert finding.severity == Severity.CRITICAL
+    assert finding.evidence[0].value.startswith("3.8%")
+
+
+def test_an_oom_is_critical() -> None:
+    diagnosis = run(4, serving=lambda i: {"ooms": 1 if i == 2 else 0})
+    (finding,) = findings(diagnosis, "oom-risk")
+    assert finding.severity == Severity.CRITICAL
+    assert "out-of-memory" in finding.summary
+
+
+def test_memory_creeping_without_load_is_a_leak() -> None:
+    diagnosis = run(10, serving=lambda i: {"rss": 1e9 * (1 + 0.02 * i)})
+    (finding,) = findings(diagnosis, "leak")
+    assert finding.subject == "process on serving:8000"
+    assert "serving process resident memory" in finding.summary
+
+
+def test_memory_growing_with_the_load_is_not_a_leak() -> None:
+    diagnosis = run(10, serving=lambda i: {"rss": 1e9 * (1 + 0.02 * i), "tokens": 50 + 50 * i})
+    assert findings(diagnosis, "leak") == []
+
+
+def test_quadratic_prefill_is_flagged_with_its_exponent() -> None:
+    prompt = [64, 16, 32, 64, 128, 256, 512]  # the first step only opens the window
+    diagnosis = run(len(prompt), serving=lambda i: {"prompt": prompt[i], "prefill": 1e-6 * prompt[i] ** 2})
+    (finding,) = findings(diagnosis, "scaling")
+    assert finding.severity == Severity.WARNING
+    assert float(finding.evidence[0].value) == pytest.approx(2.0, abs=0.3)
+
+
+def test_bandwidth_bound_decode_is_information_not_an_alarm() -> None:
+    diagnosis = run(4, serving=lambda i: {"bandwidth": 0.8})
+    (finding,) = findings(diagnosis, "bandwidth-bound")
+    assert finding.severity == Severity.INFO
+    assert not diagnosis.alarming

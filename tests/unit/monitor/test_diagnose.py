@@ -1,0 +1,103 @@
+"""``inferwatch diagnose``: the report, its JSON, and the command's edges (real HTTP, nothing listening)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import pytest
+from inferwatch.cli import main as cli_main
+from inferwatch.monitor import diagnose
+from rich.console import Console
+
+from tests.support import free_port
+from tests.unit.monitor.simulation import run
+from tests.unit.monitor.test_scrape import http_server
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli_main(["diagnose", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1.5h", 5400)])
+def test_durations(text: str, seconds: float) -> None:
+    assert diagnose.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "-1m", "0s", "1d", "m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        diagnose.parse_duration(text)
+
+
+def test_promql_durations() -> None:
+    assert [diagnose.promql_duration(s) for s in (60, 2, 0.5, 1.25)] == ["60s", "2s", "500ms", "1250ms"]
+
+
+def test_report_lists_findings_evidence_and_remedies(monkeypatch: pytest.MonkeyPatch) -> None:
+    diagnosis = run(5, serving=lambda i: {"busy": 0.2})
+    out = io.StringIO()
+    monkeypatch.setattr("rich.console.Console", lambda **kw: Console(file=out, width=120, **kw))
+    diagnose.render(diagnosis, "heading")
+    text = out.getvalue()
+    assert "WARNING  host-bound  model m on serving:8000" in text
+    assert "busy ratio while requests run (mean): 20%" in text
+    assert "avg by (instance, model) (llm_gpu_busy_ratio)" in text
+    assert "reference/002 §4.1" in text
+    assert "not assessed: throttling" in text
+    assert text.rstrip().endswith("1 warning")
+
+
+def test_json_shape() -> None:
+    report = run(5, serving=lambda i: {"busy": 0.2}).to_dict()
+    assert report["alarming"] is True
+    (finding,) = report["findings"]
+    assert finding["check"] == "host-bound" and finding["severity"] == "warning"
+    assert set(finding["evidence"][0]) == {"what", "value", "query"}
+    assert set(finding["checklist"][0]) == {"action", "rationale", "source"}
+    json.dumps(report)  # serializable as is
+
+
+def test_unreachable_prometheus_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = cli(capsys, "--prometheus", url, "--timeout", "2")
+    assert code == 3 and out == ""
+    assert f"Prometheus at {url} is not reachable: connection failed: Connection refused" in err
+
+
+def test_something_that_is_not_prometheus_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with http_server(404, b"not here") as url:
+        code, _, err = cli(capsys, "--prometheus", url.removesuffix("/metrics"))
+    assert code == 3
+    assert "is not a Prometheus server" in err
+
+
+def test_unreachable_endpoints_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    code, out, err = cli(capsys, "--endpoint", url, "--samples", "2", "--interval", "0.1")
+    assert code == 3 and out == ""
+    assert f"{url} is down: connection failed: Connection refused" in err
+    assert "no endpoint could be scraped" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],  # a source is required
+        ["--prometheus", "http://x", "--endpoint", "http://y"],
+        ["--endpoint", "http://y", "--samples", "1"],
+        ["--endpoint", "http://y", "--interval", "0"],
+        ["--prometheus", "http://x", "--window", "1m", "--step", "2m"],
+        ["--prometheus", "http://x", "--window", "soon"],
+    ],
+)
+def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = cli(capsys, *argv)
+    assert code == 2
+    assert err

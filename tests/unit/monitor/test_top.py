@@ -1,0 +1,174 @@
+"""``inferwatch top``: the frame computed from two scrapes, its rendering, and the command's edges."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from inferwatch.cli import main as cli_main
+from inferwatch.monitor import top
+from inferwatch.monitor.frame import build_frame
+from inferwatch.monitor.scrape import EndpointScrape
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from rich.console import Console
+
+from tests.support import free_port
+from tests.unit.monitor.snapshots import endpoint, snapshot
+
+
+def exporter_registry(throttle: str | None) -> CollectorRegistry:
+    r = CollectorRegistry()
+    labels = {"gpu": "0", "uuid": "GPU-0"}
+    g = list(labels)
+
+    def gauge(name: str, value: float, **extra: str) -> None:
+        Gauge(name, "", [*g, *extra], registry=r).labels(**labels, **extra).set(value)
+
+    Gauge("gpu_info", "", [*g, "name"], registry=r).labels(**labels, name="Test GPU").set(1)
+    gauge("gpu_utilization_ratio", 0.75)
+    gauge("gpu_memory_used_bytes", 60 * 2**30)
+    gauge("gpu_memory_free_bytes", 20 * 2**30)
+    gauge("gpu_memory_total_bytes", 80 * 2**30)
+    gauge("gpu_power_watts", 412)
+    gauge("gpu_power_limit_watts", 700)
+    gauge("gpu_clock_hz", 1410e6, clock="sm")
+    gauge("gpu_clock_max_hz", 1980e6, clock="sm")
+    gauge("gpu_temperature_celsius", 86, sensor="gpu")
+    gauge("gpu_temperature_threshold_celsius", 89, kind="slowdown")
+    active = Gauge("gpu_clocks_event_active", "", [*g, "reason"], registry=r)
+    for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):
+        active.labels(**labels, reason=reason).set(1 if reason in (throttle, "gpu_idle") else 0)
+    return r
+
+
+class ServingProcess:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.itl = Histogram(
+            "llm_inter_token_latency_seconds", "", ["model"], buckets=(0.01, 0.02, 0.04), registry=r
+        )
+        self.ttft = Histogram(
+            "llm_time_to_first_token_seconds", "", ["model"], buckets=(0.1, 0.2), registry=r
+        )
+        self.tokens = Counter("llm_generation_tokens", "", ["model"], registry=r)
+        Gauge("llm_requests_running", "", ["model"], registry=r).labels("llama").set(3)
+        Gauge("llm_kv_cache_bytes", "", ["model"], registry=r).labels("llama").set(3 * 2**20)
+        Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(0.3)
+        Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(1)
+
+    def generate(self, tokens: int, itl: float) -> None:
+        self.tokens.labels("llama").inc(tokens)
+        for _ in range(tokens):
+            self.itl.labels("llama").observe(itl)
+        self.ttft.labels("llama").observe(0.15)
+
+
+def two_rounds() -> tuple:
+    serving, gpu = ServingProcess(), exporter_registry("sw_power_cap")
+    serving.generate(1000, 0.001)  # before the window
+    first = snapshot(endpoint(serving.registry, 10.0, "serving:8000"), endpoint(gpu, 10.0, "node:9835"))
+    serving.generate(80, 0.015)
+    second = snapshot(endpoint(serving.registry, 12.0, "serving:8000"), endpoint(gpu, 12.0, "node:9835"))
+    return first, second
+
+
+def rendered(frame: object) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200).print(top.render(frame))
+    return out.getvalue()
+
+
+def test_frame_values() -> None:
+    frame = build_frame(*two_rounds())
+    assert frame.window_seconds == 2.0
+    (gpu,) = frame.gpus
+    assert (gpu.instance, gpu.gpu, gpu.name) == ("node:9835", "0", "Test GPU")
+    assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
+    assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
+    assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
+    (model,) = frame.models
+    assert (model.instance, model.model, model.device) == ("serving:8000", "llama", "cuda:0")
+    assert model.tokens_per_second == 40.0  # 80 tokens in 2 s; the 1000 before the window do not count
+    # All 80 window observations lie in (0.01, 0.02]: p50 is its middle, p99 near its top.
+    assert model.itl_p50_seconds == pytest.approx(0.015)
+    assert model.itl_p99_seconds == pytest.approx(0.0199)
+    assert model.requests_running == 3 and model.busy_ratio == 0.3
+
+
+def test_first_frame_has_no_rates() -> None:
+    _, second = two_rounds()
+    frame = build_frame(None, second)
+    assert frame.window_seconds is None
+    assert frame.models[0].tokens_per_second is None and frame.models[0].itl_p50_seconds is None
+    assert frame.gpus[0].power_watts == 412
+    assert "first scrape, no rates yet" in rendered(frame)
+
+
+def test_render_shows_the_figures() -> None:
+    text = rendered(build_frame(*two_rounds()))
+    assert "60.0/80.0 GiB" in text and "25%" in text  # used/total, free share
+    assert "412/700 W" in text
+    assert "1410/1980 MHz" in text
+    assert "86/89 °C" in text
+    assert "sw_power_cap" in text and "gpu_idle" not in text
+    assert "15 ms / 19.9 ms" in text  # ITL p50 / p99
+    assert "40.0" in text and "3.00 MiB" in text and "30%" in text
+    assert "2/2 endpoints up" in text
+
+
+def test_render_shows_a_down_endpoint() -> None:
+    first, second = two_rounds()
+    down = EndpointScrape(
+        "http://gone:1/metrics", "gone:1", 12.0, 0.001, error="connection failed: Connection refused"
+    )
+    frame = build_frame(first, snapshot(*second.endpoints, down))
+    text = rendered(frame)
+    assert "2/3 endpoints up" in text
+    assert "down: connection failed: Connection refused" in text
+
+
+def test_once_against_nothing_is_down_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert cli_main(["top", "--once", "--window", "0.1", url]) == 1
+    out, err = capsys.readouterr()
+    assert f"{url} is down: connection failed: Connection refused" in err
+    assert "0/1 endpoints up" in out
+    assert "\x1b[" not in out  # not a terminal: plain text
+
+
+def test_once_json(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert cli_main(["top", "--once", "--json", "--window", "0.1", url]) == 1
+    frame = json.loads(capsys.readouterr().out)
+    assert frame["endpoints"][0]["up"] is False
+    assert frame["gpus"] == [] and frame["models"] == []
+
+
+@pytest.mark.parametrize("argv", [["--json"], ["--interval", "0"], ["--window", "-1"], ["--interval", "x"]])
+def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    try:
+        code = cli_main(["top", *argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    assert capsys.readouterr().err
+
+
+def test_default_urls_follow_the_default_ports() -> None:
+    from inferwatch.exporter.config import DEFAULT_PORT as EXPORTER_PORT
+    from inferwatch.instrumentation.exposition import DEFAULT_PORT as SERVING_PORT
+
+    assert f"http://127.0.0.1:{SERVING_PORT}/metrics" == top.SERVING_DEFAULT_URL
+    assert f"http://127.0.0.1:{EXPORTER_PORT}/metrics" == top.EXPORTER_DEFAULT_URL
+
+
+def test_the_monitor_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, inferwatch.monitor.top, inferwatch.monitor.diagnose; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
