@@ -52,6 +52,7 @@ from inferwatch.monitor.queries import (
     MEMORY_FREE_SHARE,
     OOM_RATE,
     PREFILL_MEAN,
+    PROCESS_CPU_RATE,
     PROMPT_TOKENS_MEAN,
     RUNNING,
     SERVING_INSTANCES,
@@ -230,6 +231,16 @@ def check_host_bound(source: Source) -> list[Finding]:
         mean_busy = statistics.fmean(b for b, _ in loaded)
         if mean_busy >= HOST_BOUND_BUSY_RATIO:
             continue
+        evidence = [
+            _evidence(source, "busy ratio while requests run (mean)", percent(mean_busy), BUSY),
+            _evidence(
+                source,
+                "requests running (mean of those steps)",
+                number(statistics.fmean(r for _, r in loaded)),
+                RUNNING,
+            ),
+        ]
+        evidence.extend(_process_cpu_evidence(source, dict(group).get("instance", "")))
         findings.append(
             Finding(
                 "host-bound",
@@ -237,21 +248,36 @@ def check_host_bound(source: Source) -> list[Finding]:
                 subject(group),
                 f"the model's forward passes fill only {percent(mean_busy)} of the wall time while "
                 f"requests run: the serving loop on the host, not the device, sets the pace",
-                (
-                    _evidence(source, "busy ratio while requests run (mean)", percent(mean_busy), BUSY),
-                    _evidence(
-                        source,
-                        "requests running (mean of those steps)",
-                        number(statistics.fmean(r for _, r in loaded)),
-                        RUNNING,
-                    ),
-                ),
+                tuple(evidence),
                 (checklist.OVERLAP, checklist.COMPILE, checklist.BATCHING),
             )
         )
     if not judged:
         raise NotAssessed("no requests ran while the busy ratio was measured")
     return findings
+
+
+def _process_cpu_evidence(source: Source, instance: str) -> list[Evidence]:
+    """The busiest serving process the exporter watches on the same host: a Python loop that holds one
+    core near 100 % is the host-bound signature on a GPU machine."""
+    host = instance.rsplit(":", 1)[0]
+    cpu = {
+        group: statistics.fmean(values(points))
+        for group, points in source.series(PROCESS_CPU_RATE).items()
+        if dict(group).get("instance", "").rsplit(":", 1)[0] == host
+    }
+    if not cpu:
+        return []
+    busiest = max(cpu, key=cpu.__getitem__)
+    labels = dict(busiest)
+    return [
+        _evidence(
+            source,
+            f"CPU of the busiest serving process on the host, {labels.get('comm')} ({labels.get('pid')})",
+            f"{cpu[busiest]:.2f} cores",
+            PROCESS_CPU_RATE,
+        )
+    ]
 
 
 def check_throttling(source: Source) -> list[Finding]:

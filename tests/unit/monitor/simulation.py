@@ -84,10 +84,20 @@ class Gpus:
         self.used = Gauge("gpu_memory_used_bytes", "", g, registry=r)
         self.clock = Gauge("gpu_clock_hz", "", [*g, "clock"], registry=r)
         self.clock_max = Gauge("gpu_clock_max_hz", "", [*g, "clock"], registry=r)
+        # The exporter's view of the serving process on the same host.
+        self.process_cpu = Counter("inferwatch_process_cpu_seconds", "", ["pid", "comm", "mode"], registry=r)
         self.total.labels("0", "GPU-0").set(80e9)
         self.clock_max.labels("0", "GPU-0", "sm").set(1980e6)
 
-    def step(self, *, reasons: tuple[str, ...] = (), throttle_duty: float = 0.0, free: float = 40e9) -> None:
+    def step(
+        self,
+        *,
+        reasons: tuple[str, ...] = (),
+        throttle_duty: float = 0.0,
+        free: float = 40e9,
+        process_cpu: float = 0.3,
+    ) -> None:
+        self.process_cpu.labels("4242", "python3", "user").inc(process_cpu)
         for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):
             self.active.labels("0", "GPU-0", reason).set(1 if reason in reasons else 0)
         self.throttled.labels("0", "GPU-0", "sw_power_cap").inc(throttle_duty)
@@ -108,9 +118,9 @@ def run(
         scraped = []
         if serving is not None:
             process.step(**serving(i))
-            scraped.append(endpoint(process.registry, float(i), "serving:8000"))
+            scraped.append(endpoint(process.registry, float(i), "node:8000"))
         if gpus is not None:
             gpu.step(**gpus(i))
-            scraped.append(endpoint(gpu.registry, float(i), "exporter:9835"))
+            scraped.append(endpoint(gpu.registry, float(i), "node:9835"))
         snapshots.append(snapshot(*scraped))
     return diagnose(ScrapeSource(snapshots, "1s"))
