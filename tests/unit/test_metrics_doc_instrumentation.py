@@ -1,0 +1,109 @@
+"""docs/metrics.md's Instrumentation section and what a live instrumented model exposes, both ways.
+
+The live model is tiny-llama on this machine's CPU, instrumented and serving requests (greedy, sampled,
+batched), scraped over real HTTP. Peak FLOP/s and memory bandwidth are configured so the utilization
+ratios, which need a known peak, have series on a CPU too, and one internal error is injected (the
+observer of one histogram fails) so ``llm_instrumentation_errors_total`` has a series, the way an event
+is injected for the exporter's event counters. Rows whose meaning starts with ``*CUDA only.*`` describe
+series a CPU model cannot have (the CUDA allocator, NVML); every other documented metric must have one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from inferwatch.instrumentation import InstrumentationHandle, InstrumentConfig, instrument
+from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.exposition import start_http_server
+from inferwatch.instrumentation.models import build_model, encode_text
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import METRICS_DOC, documented_metrics, http_get
+
+SECTION = "Instrumentation"
+CUDA_ONLY = "*CUDA only.*"
+MODEL = "live"
+
+
+def cuda_only_metrics() -> set[str]:
+    """Documented metrics whose meaning cell starts with the CUDA-only marker."""
+    names, in_section = set(), False
+    for line in METRICS_DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            in_section = line[3:].startswith(SECTION)
+        elif in_section and line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if cells[-1].startswith(CUDA_ONLY):
+                names.add(cells[0].strip("`"))
+    return names
+
+
+def llm_families(text: str) -> tuple[dict[str, str], set[str]]:
+    """The ``llm_*`` families of an exposition as a user reads them (counters with ``_total``): name ->
+    type, and the names of those with at least one series. prometheus_client's ``*_created`` companions
+    of counters and histograms parse as gauge families of their own and are left out."""
+    parsed = {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("llm_")}
+    types, with_series = {}, set()
+    for name, family in parsed.items():
+        parent = parsed.get(name.removesuffix("_created"))
+        if name.endswith("_created") and parent is not None and parent.type in ("counter", "histogram"):
+            continue
+        user_name = name + "_total" if family.type == "counter" else name
+        types[user_name] = family.type
+        if family.samples:
+            with_series.add(user_name)
+    return types, with_series
+
+
+@pytest.fixture
+def live_model() -> Iterator[tuple[torch.nn.Module, InstrumentationHandle, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    config = InstrumentConfig(
+        poll_interval_seconds=0.2, peak_flops=1e11, peak_memory_bandwidth_bytes_per_second=2e10
+    )
+    model = build_model("tiny-llama")
+    handle = instrument(model, model_name=MODEL, config=config, registry=registry)
+    try:
+        yield model, handle, registry
+    finally:
+        handle.remove()
+
+
+def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
+    live_model: tuple[torch.nn.Module, InstrumentationHandle, CollectorRegistry],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, handle, registry = live_model
+    prompts = torch.tensor([encode_text("both ways"), encode_text("two sides")])
+    mask = torch.ones_like(prompts)
+    model.generate(prompts, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    model.generate(prompts[:1], attention_mask=mask[:1], max_new_tokens=6, do_sample=True, top_k=20)
+
+    def broken_observe(value: float) -> None:
+        raise ZeroDivisionError("injected inferwatch bug")
+
+    ttft = cat.metrics_for(registry, handle.config)[cat.TTFT].labels(MODEL)
+    monkeypatch.setattr(ttft, "observe", broken_observe)
+    model.generate(prompts[1:], attention_mask=mask[1:], max_new_tokens=3, do_sample=False)
+    assert handle.flush()
+
+    documented = documented_metrics(SECTION)
+    cuda_only = cuda_only_metrics()
+    assert cuda_only <= set(documented)
+    expected_series = set(documented) - cuda_only
+    with start_http_server(0, registry=registry) as server:
+        deadline = time.monotonic() + 10  # the ratios and the headroom come with the sampler's next poll
+        while True:
+            exposed, with_series = llm_families(http_get(server.url)[1])
+            if expected_series <= with_series or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+
+    assert sorted(set(exposed) - set(documented)) == [], "exposed but not in docs/metrics.md"
+    assert sorted(set(documented) - set(exposed)) == [], "in docs/metrics.md but not exposed"
+    assert {name: exposed[name] for name in documented} == documented, "types differ"
+    assert sorted(expected_series - with_series) == [], "documented, not CUDA-only, but without a series"
