@@ -66,6 +66,7 @@ class Request:
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
         self.clock = clock
         self.anchor = clock.start()
+        self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards recorded so far (the first is the prefill)
         self._pending: collections.deque[Step] = collections.deque()
@@ -102,6 +103,12 @@ class Request:
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
         pending, clock = self._pending, self.clock
+        if pending and not self._anchored:
+            # The anchor was recorded on an idle stream and completes at once, but elapsed_time needs it
+            # complete: never assume.
+            if self.anchor.event is not None and not clock.ready(self.anchor.event):
+                return False
+            self._anchored = True
         while pending:
             step = pending[0]
             if not clock.ready(step.end):

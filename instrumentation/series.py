@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.kvcache import KVCacheSize
+from prometheus_client import Gauge
 
 STATUSES = ("ok", "error", "oom")
 PHASES = ("prefill", "decode")
@@ -69,8 +70,8 @@ class ModelSeries:
         self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
         # Gauges without a meaningful zero get their series on the first real value, so a model that has
         # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
-        self._kv_bytes_per_token = metrics[cat.KV_CACHE_BYTES_PER_TOKEN]
-        self._last_step = metrics[cat.LAST_STEP]
+        self._kv_bytes_per_token: Gauge | None = None
+        self._last_step: Gauge | None = None
         self._lock = threading.Lock()
         self._totals = _KVTotals()
 
@@ -89,11 +90,15 @@ class ModelSeries:
         self.kv_bytes.set(kv_bytes)
         self.kv_capacity.set(capacity)
         if per_token is not None:
-            self._kv_bytes_per_token.labels(self.name).set(per_token)
+            if self._kv_bytes_per_token is None:
+                self._kv_bytes_per_token = self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name)
+            self._kv_bytes_per_token.set(per_token)
 
     def heartbeat(self) -> None:
         """A forward or token step happened now."""
-        self._last_step.labels(self.name).set(time.time())
+        if self._last_step is None:
+            self._last_step = self.metrics[cat.LAST_STEP].labels(self.name)
+        self._last_step.set(time.time())
 
     @property
     def bytes_per_token(self) -> float | None:
