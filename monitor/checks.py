@@ -12,13 +12,17 @@ Thresholds and where they come from:
   measured as the coefficient of variation of the mean ITL/TTFT between steps of the window;
 * host-bound: the model's own work fills less than half of the wall time while requests run
   (reference/002 §4.1: idle gaps in the timeline);
-* throttling: any clocks-event reason other than idle or application settings, active or accumulating
-  throttle time (reference/002 §6.1: is the GPU downclocking?);
+* throttling: any clocks-event reason other than idle, application or display clock settings, sync
+  boost and low utilization, active or accumulating more than 5 % throttle time (reference/002 §6.1: is the GPU downclocking?);
 * OOM risk: under 10 % of device memory free (5 %: critical), allocator retries, OOMs, or less KV-cache
   headroom than one average request needs (reference/002 §6.2);
 * leak: memory rising by more than 5 % over the window, step after step, while the load does not rise;
-* the matrix's scaling rows: a power law fitted to latency against prompt length, sequence length or
-  batch size, when those varied enough in the window.
+* fluctuation only counts when the workload itself was steady (mean batch size or prompt length varying
+  by under 10 % between steps): a varying workload explains varying latency;
+* the matrix's scaling rows: a power law fitted to latency against prompt length, output length or
+  batch size, when those varied by x1.5 or more in the window and the fit explains the points (R² 0.8);
+* bandwidth- and compute-bound (information, not alarms): decode reading at half the peak memory
+  bandwidth or more, prefill at half the peak FLOP/s or more.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ LEAK_RISING_STEPS = 0.7
 LEAK_LOAD_GROWTH = 1.2
 SCALING_MIN_POINTS = 5
 SCALING_MIN_SPREAD = 1.5
+SCALING_MIN_R_SQUARED = 0.8
 BANDWIDTH_BOUND = 0.5
 COMPUTE_BOUND = 0.5
 
@@ -189,12 +194,15 @@ def aligned(*series: Sequence[tuple[float, float]]) -> list[tuple[float, ...]]:
     return [tuple(points[t] for points in by_time) for t in common]
 
 
-def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Least-squares exponent k of y ~ x^k."""
+def loglog_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares exponent k of y ~ x^k, and the R² of that fit in log-log space."""
     lx = [math.log(x) for x in xs]
     ly = [math.log(y) for y in ys]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
+    sxx = sum((a - mx) ** 2 for a in lx)
+    syy = sum((b - my) ** 2 for b in ly)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True))
+    return sxy / sxx, (sxy * sxy / (sxx * syy) if syy else 1.0)
 
 
 def linear_slope(points: Sequence[tuple[float, float]]) -> float:
@@ -625,8 +633,9 @@ def check_scaling(source: Source) -> list[Finding]:
             if high / low < SCALING_MIN_SPREAD:
                 continue
             judged = True
-            exponent = loglog_slope([x for x, _ in pairs], [y for _, y in pairs])
-            if exponent < scaling.threshold:
+            exponent, r_squared = loglog_fit([x for x, _ in pairs], [y for _, y in pairs])
+            # A steep slope through scattered points is noise, not a scaling law.
+            if exponent < scaling.threshold or r_squared < SCALING_MIN_R_SQUARED:
                 continue
             findings.append(
                 Finding(
@@ -638,7 +647,8 @@ def check_scaling(source: Source) -> list[Finding]:
                         _evidence(
                             source,
                             f"fitted exponent of {scaling.y_name} against {scaling.x_name} "
-                            f"({len(pairs)} steps, {scaling.x_name} {low:.3g}..{high:.3g})",
+                            f"({len(pairs)} steps, {scaling.x_name} {low:.3g}..{high:.3g}, "
+                            f"R² {r_squared:.2f})",
                             f"{exponent:.2f}",
                             scaling.y,
                             scaling.x,
