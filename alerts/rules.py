@@ -481,8 +481,8 @@ def _out_of_memory(p: Params) -> list[AlertRule]:
         p.rule(
             f"increase({ooms}[{window}]) > 0",
             f"{MODEL} ran out of device memory.",
-            f"{MODEL} raised {VALUE} out-of-memory errors in the last {window}; the requests that hit "
-            "them failed.",
+            f"Out-of-memory errors raised by {MODEL} in the last {window}: {VALUE}. The requests that "
+            "hit them failed.",
         )
     ]
 
@@ -524,9 +524,16 @@ def _memory_leak(p: Params) -> list[AlertRule]:
 def _gpu_xid_error(p: Params) -> list[AlertRule]:
     xids = p.exporter("gpu_xid_errors_total", f'xid=~"{one_of(p["xids"])}"')
     window = p["window"]
+    # The exporter creates an XID's series at its first occurrence, with value 1, which increase() cannot
+    # see: a series that did not exist `window` ago is a new XID too.
+    expr = promql(f"""
+        increase({xids}[{window}]) > 0
+        or
+        ({xids} unless {xids} offset {window})
+    """)
     return [
         p.rule(
-            f"increase({xids}[{window}]) > 0",
+            expr,
             f"{GPU} reported XID {label('xid')}.",
             f"{GPU} reported XID {label('xid')} {VALUE} times in the last {window}. This XID means a "
             "hardware, driver or firmware fault; the GPU may need a reset or service.",
@@ -536,13 +543,14 @@ def _gpu_xid_error(p: Params) -> list[AlertRule]:
 
 @alert("InferwatchGpuUncorrectableEccErrors", GROUP_FAULTS)
 def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
-    errors = p.exporter("gpu_ecc_errors_total", 'type="uncorrected"')
+    # Volatile counts move at once; aggregate ones count the same errors again, later.
+    errors = p.exporter("gpu_ecc_errors_total", 'type="uncorrected"', 'scope="volatile"')
     window = p["window"]
     return [
         p.rule(
             f"increase({errors}[{window}]) > 0",
             f"{GPU} had uncorrectable ECC errors.",
-            f"{GPU} counted {VALUE} uncorrectable ECC errors ({label('scope')}) in the last {window}. "
+            f"{GPU} counted {VALUE} uncorrectable ECC errors in the last {window}. "
             "Data in device memory was corrupted; processes using it may have crashed or computed "
             "wrong results.",
         )
@@ -551,7 +559,7 @@ def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
 
 @alert("InferwatchGpuRowRemapFailure", GROUP_FAULTS)
 def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
-    failure = p.exporter("gpu_remapped_rows_failure")
+    failure = p.exporter("gpu_remapped_rows_failed")
     return [
         p.rule(
             f"{failure} == 1",
@@ -637,13 +645,14 @@ def _host_bound(p: Params) -> list[AlertRule]:
 
 @alert("InferwatchServingProcessCpuSaturated", GROUP_SERVING)
 def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
-    cpu = p.serving("process_cpu_seconds_total")
+    cpu = p.exporter("inferwatch_process_cpu_seconds_total")
     window = p["window"]
+    process = f"Serving process {label('comm')} (pid {label('pid')}) on {label('instance')}"
     return [
         p.rule(
-            f"rate({cpu}[{window}]) > {num(p['cpu_cores_above'])}",
-            f"The serving process on {label('instance')} uses {VALUE} CPU cores.",
-            f"The serving process on {label('instance')} used {VALUE} CPU seconds per second over the "
+            f"sum by (job, instance, pid, comm) (rate({cpu}[{window}])) > {num(p['cpu_cores_above'])}",
+            f"{process} uses {VALUE} CPU cores.",
+            f"{process} used {VALUE} CPU seconds per second (user and system) over the "
             f"last {window} (threshold {num(p['cpu_cores_above'])}): a Python serving loop is bound to one "
             "core, so the host, not the GPU, limits throughput.",
         )

@@ -1,0 +1,186 @@
+"""The rendered rules: up to date, valid for promtool, unit-tested alert by alert, and by the conventions."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from inferwatch.alerts.config import merge_config
+from inferwatch.alerts.render import rules_yaml
+from inferwatch.alerts.rules import ALERTS, SLO_HISTOGRAMS
+from inferwatch.cli import main as inferwatch_main
+from inferwatch.instrumentation.config import InstrumentConfig
+
+from tests.support import REPO_ROOT, documented_metrics
+from tests.unit.alerts.promql import base_metric, metric_names
+
+ALERTS_DIR = REPO_ROOT / "alerts"
+RULES = ALERTS_DIR / "rules.yaml"
+TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.yaml"))
+RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
+# Series Prometheus makes itself, not any exporter.
+SYNTHETIC = {"up"}
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is not installed: run `make system-deps` (Debian package prometheus)"
+    return path
+
+
+def _promtool_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_promtool(), *args], capture_output=True, text=True, timeout=120)
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    return [rule for rule in _rules() if "alert" in rule]
+
+
+def test_committed_rules_are_rendered_from_the_defaults() -> None:
+    assert RULES.read_text() == rules_yaml(merge_config({})), (
+        "alerts/rules.yaml is stale: run `inferwatch alerts render --out alerts`"
+    )
+
+
+def test_promtool_check_rules() -> None:
+    result = _promtool_run("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = _promtool_run("test", "rules", *map(str, TEST_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _cases() -> tuple[set[str], set[str]]:
+    """Alert names with a firing case, and with a case that must stay quiet."""
+    firing, quiet = set(), set()
+    for path in TEST_FILES:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
+    return firing, quiet
+
+
+def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
+    names = {rule["alert"] for rule in _alert_rules()}
+    firing, quiet = _cases()
+    assert names - firing == set(), "alerts without a promtool case where they fire"
+    assert names - quiet == set(), "alerts without a promtool case where they must not fire"
+    assert (firing | quiet) - names == set(), "promtool cases for alerts that do not exist"
+
+
+def test_firing_cases_state_every_label_and_annotation() -> None:
+    for path in TEST_FILES:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                for alert in case.get("exp_alerts") or []:
+                    assert "severity" in alert["exp_labels"], (path.name, test["name"])
+                    assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "test_file", "failing_test"),
+    [
+        ({"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.6}}}, "serving.yaml", "50% busy"),
+        ({"alerts": {"InferwatchGpuClocksThrottled": {"for": "5m"}}}, "throttling.yaml", "9-minute cap"),
+        ({"selectors": {"exporter": 'job="node"'}}, "throttling.yaml", "hardware slowdown fires"),
+    ],
+)
+def test_promtool_cases_catch_a_changed_rule(
+    tmp_path: Path, overrides: dict[str, Any], test_file: str, failing_test: str
+) -> None:
+    """The unit tests are sharp: a threshold, a `for:` or a selector that moves makes them fail."""
+    (tmp_path / "rules.yaml").write_text(rules_yaml(merge_config(overrides)))
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ALERTS_DIR / "tests" / test_file, tmp_path / "tests")
+    result = _promtool_run("test", "rules", str(tmp_path / "tests" / test_file))
+    assert result.returncode != 0
+    assert failing_test in result.stderr
+
+
+def test_alerts_follow_the_mixin_conventions() -> None:
+    for rule in _alert_rules():
+        name = rule["alert"]
+        assert re.fullmatch(r"Inferwatch(?:[A-Z][a-z0-9]*)+", name), name
+        assert rule["for"], name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, name
+        assert rule["annotations"]["runbook_url"].endswith(f"#{name.lower()}"), name
+
+
+def test_every_runbook_url_points_at_a_section_of_docs_runbooks() -> None:
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", line[3:].strip().lower()).replace(" ", "-")
+        for line in RUNBOOKS.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    anchors = {rule["annotations"]["runbook_url"].rsplit("#", 1)[1] for rule in _alert_rules()}
+    assert anchors - headings == set()
+
+
+def test_every_metric_the_rules_name_is_documented() -> None:
+    documented = set(documented_metrics("Instrumentation")) | set(documented_metrics("Exporter"))
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    named = {base_metric(name, documented) for rule in _rules() for name in metric_names(rule["expr"])}
+    assert named - recorded - SYNTHETIC - documented == set(), (
+        "named in alerts/rules.yaml, not in docs/metrics.md"
+    )
+
+
+def test_slo_targets_are_bucket_bounds_of_the_default_histograms() -> None:
+    """An SLO's error ratio reads the bucket whose bound is the target: a target between bounds would
+    select no bucket and the alert could never fire."""
+    buckets = {
+        "llm_time_to_first_token_seconds": "ttft_buckets",
+        "llm_inter_token_latency_seconds": "itl_buckets",
+    }
+    config = merge_config({})
+    for alert, metric in SLO_HISTOGRAMS.items():
+        assert config["alerts"][alert]["target_seconds"] in getattr(InstrumentConfig(), buckets[metric]), (
+            alert
+        )
+
+
+def test_every_registered_alert_is_rendered() -> None:
+    assert {rule["alert"] for rule in _alert_rules()} == set(ALERTS)
+
+
+def test_export_writes_files_promtool_accepts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert inferwatch_main(["alerts", "export", str(tmp_path)]) == 0
+    assert (tmp_path / "rules.yaml").read_text() == RULES.read_text()
+    assert (tmp_path / "config.yaml").read_text() == (ALERTS_DIR / "config.yaml").read_text()
+    exported_tests = sorted(path.name for path in (tmp_path / "tests").glob("*.yaml"))
+    assert exported_tests == [path.name for path in TEST_FILES]
+    # The exported tests find ../rules.yaml: one file shows it (the bundled ones all ran above).
+    result = _promtool_run("test", "rules", str(tmp_path / "tests" / "serving.yaml"))
+    assert result.returncode == 0, result.stdout
+    assert str(tmp_path / "rules.yaml") in capsys.readouterr().out
+
+
+def test_render_merges_a_config_file_and_refuses_bad_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("alerts:\n  InferwatchEngineStalled:\n    stall_seconds_above: 30\n")
+    assert inferwatch_main(["alerts", "render", "--config", str(mine), "--out", str(tmp_path / "out")]) == 0
+    rendered = (tmp_path / "out" / "rules.yaml").read_text()
+    assert 'llm_last_step_timestamp_seconds{job="llm-serving"} > 30' in rendered
+    assert _promtool_run("check", "rules", str(tmp_path / "out" / "rules.yaml")).returncode == 0
+
+    mine.write_text("alerts:\n  InferwatchEngineStalled:\n    stall_seconds_above: -5\n")
+    assert inferwatch_main(["alerts", "render", "--config", str(mine), "--out", str(tmp_path / "bad")]) == 2
+    assert (
+        "'alerts.InferwatchEngineStalled.stall_seconds_above' must not be negative" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "bad").exists()
