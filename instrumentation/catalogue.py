@@ -180,7 +180,8 @@ NVML_PROCESS_MEMORY = _gauge(
 )  # fmt: skip
 MODEL_INFO = _gauge(
     "llm_model_info", "info", ("model", "model_type", "dtype", "device", "params"), "livemax",
-    "Always 1: identity of an instrumented model (parameter count, dtype, device).",
+    "1 while the model is instrumented: its identity (type, parameter count, dtype, device). "
+    "Removed with the instrumentation (set to 0 in multiprocess mode).",
 )  # fmt: skip
 LAST_STEP = _gauge(
     "llm_last_step_timestamp_seconds", "seconds", M, "livemax",

@@ -248,8 +248,12 @@ class ModelInstrumentation:
         for worker, key in self._poller_keys:
             worker.release(key)
         self._poller_keys = []
-        with contextlib.suppress(KeyError):
-            self.metrics[cat.MODEL_INFO].remove(*self._info_labels)
+        info = self.metrics[cat.MODEL_INFO]
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            info.labels(*self._info_labels).set(0)  # prometheus_client cannot remove series there
+        else:
+            with contextlib.suppress(KeyError):
+                info.remove(*self._info_labels)
 
     # -- forward hooks ---------------------------------------------------------------------------------
 
