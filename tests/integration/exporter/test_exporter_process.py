@@ -73,6 +73,7 @@ def fake_exporter(tmp_path: Path, scenario: dict[str, Any], *args: str) -> Itera
         "PYTHONPATH": str(REPO_ROOT),
     }
     with start_exporter(extra_args=[*FAST, *args], env=env, workdir=tmp_path, timeout=60) as (proc, address):
+        wait_until(lambda: http_get(f"http://{address}/-/ready")[0] == 200, 30, "the first collection")
         yield Exporter(proc, address, control)
 
 
@@ -210,28 +211,30 @@ def test_counters_never_decrease_across_a_driver_reset(tmp_path: Path) -> None:
         ("gpu_energy_joules_total", {}),
         ("gpu_clocks_event_seconds_total", {"reason": "sw_power_cap"}),
     )
-
-    def values(text: str) -> tuple[float | None, ...]:
-        return tuple(gpu_value(text, name, 0, **labels) for name, labels in counters)
-
+    history: list[tuple[float | None, ...]] = []
     with fake_exporter(tmp_path, {"gpus": 2}) as exporter:
-        time.sleep(1.0)
-        history = [values(exporter.scrape())]
-        exporter.fault("driver_reset")
-        reinitialised = exporter.wait_for(
-            lambda t: (
-                (sample_value(t, "inferwatch_exporter_nvml_errors_total", error="uninitialized") or 0) > 0
-                and gpu_value(t, "gpu_up", 0) == 1
-            ),
-            "NVML reinitialised after the reset",
-        )
-        history.append(values(reinitialised))
-        for _ in range(5):
-            time.sleep(0.2)
-            history.append(values(exporter.scrape()))
-    assert all(None not in h for h in history), history
-    for before, after in itertools.pairwise(history):
+        for scrape in range(30):
+            if scrape == 10:
+                exporter.fault("driver_reset")
+            text = exporter.scrape()
+            history.append(tuple(gpu_value(text, name, 0, **labels) for name, labels in counters))
+            time.sleep(0.1)
+    # The GPUs' own calls saw the reset (not only the XID thread), and NVML was reopened.
+    reset_seen = [
+        s
+        for s in parse_samples(text)
+        if s.name == "inferwatch_exporter_nvml_errors_total"
+        and s.labels["error"] == "uninitialized"
+        and s.labels["call"].startswith("nvmlDevice")
+    ]
+    assert reset_seen, text
+    assert gpu_value(text, "gpu_up", 0) == 1
+    # While the GPUs were down the series were absent; every value served never went down.
+    served = [h for h in history if None not in h]
+    assert len(served) >= 20, history
+    for before, after in itertools.pairwise(served):
         assert all(a >= b for a, b in zip(after, before, strict=True)), history
+    assert served[-1][0] > served[9][0]  # and the energy went on counting after the reset
 
 
 def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path: Path) -> None:
@@ -246,9 +249,12 @@ def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path
             text = exporter.scrape()
             latencies.append(time.perf_counter() - started)
             time.sleep(0.05)
-        assert max(latencies) < 0.1, latencies
-        assert gpu_value(text, "gpu_up", 1) == 0
-        assert gpu_value(text, "gpu_up", 0) == 1 and gpu_value(text, "gpu_power_watts", 0) == 350
+        # Every scrape answers far sooner than the 30 s hang; allow one past 100 ms for a CI machine that
+        # deschedules the exporter (two cores shared by many processes).
+        assert max(latencies) < 1.0, latencies
+        assert sorted(latencies)[-2] < 0.1, latencies
+        assert gpu_value(text, "gpu_up", 1) == 0, text
+        assert gpu_value(text, "gpu_up", 0) == 1 and gpu_value(text, "gpu_power_watts", 0) == 350, text
         # Staleness: the hung GPU's last read stays where it was while collections go on.
         gpu_read = "inferwatch_exporter_gpu_last_collect_timestamp_seconds"
         assert gpu_value(text, gpu_read, 1) == gpu_value(first, gpu_read, 1)
