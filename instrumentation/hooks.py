@@ -18,6 +18,7 @@ import functools
 import os
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,17 +88,23 @@ def _check_model(model: Any) -> None:
         )
 
 
-def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
-    """(batch, new tokens) of a forward call, from ``input_ids`` or ``inputs_embeds`` shapes."""
+def _input_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A forward's ``input_ids`` (or ``inputs_embeds``): [batch, new tokens, ...]."""
     tokens = kwargs.get("input_ids")
     if tokens is None and args:
         tokens = args[0]
     if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2:
-        return tokens.shape[0], tokens.shape[1]
+        return tokens
     embeds = kwargs.get("inputs_embeds")
     if isinstance(embeds, torch.Tensor) and embeds.dim() >= 3:
-        return embeds.shape[0], embeds.shape[1]
-    return 0, 0
+        return embeds
+    return None
+
+
+def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(batch, new tokens) of a forward call."""
+    tensor = _input_tensor(args, kwargs)
+    return (0, 0) if tensor is None else (tensor.shape[0], tensor.shape[1])
 
 
 def _kv_size(output: Any) -> KVCacheSize | None:
@@ -141,34 +148,60 @@ def _token_ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a model runs and what its weights weigh: everything that changes when it is moved."""
+
+    device: torch.device
+    label: str  # the `device` label value
+    clock: Clock
+    dtype: torch.dtype
+    param_count: int
+    param_bytes: int
+    #: (device, dtype) of the first parameter: compared at each generate entry to notice a move.
+    fingerprint: tuple[torch.device, torch.dtype] | None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> Placement:
+        device = model_device(model)
+        count, size = parameter_footprint(model)
+        return cls(
+            device,
+            device_label(device),
+            clock_for(device),
+            model_dtype(model),
+            count,
+            size,
+            _fingerprint(model),
+        )
+
+
+def _fingerprint(model: torch.nn.Module) -> tuple[torch.device, torch.dtype] | None:
+    first = next(model.parameters(), None)
+    return None if first is None else (first.device, first.dtype)
+
+
 class ModelInstrumentation:
     """The hooks of one model. Created and installed by :func:`instrument`."""
 
     def __init__(self, model: torch.nn.Module, name: str, config: InstrumentConfig, metrics: cat.Metrics):
         self.model_ref = weakref.ref(model)
         self.name = name
+        self.model_type = str(
+            getattr(getattr(model, "config", None), "model_type", "") or type(model).__name__
+        )
         self.config = config
         self.metrics = metrics
         self.errors = metrics.errors
         self.series = series_for(metrics, name)
-        self.device = model_device(model)
-        self.device_label = device_label(self.device)
-        self.clock: Clock = clock_for(self.device)
-        self.param_count, self.param_bytes = parameter_footprint(model)
-        self.dtype = model_dtype(model)
+        self.placement = Placement.of(model)
         self.active = False
         self._local = threading.local()
+        self._lock = threading.Lock()
         self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
         self._generate_wrapper: Any = None
         self._previous_generate: Any = None  # an instance attribute `generate` that was there before us
         self._poller_keys: list[tuple] = []
-        self._info_labels = (
-            name,
-            str(getattr(getattr(model, "config", None), "model_type", "") or type(model).__name__),
-            str(self.dtype).removeprefix("torch."),
-            self.device_label,
-            str(self.param_count),
-        )
 
     # -- installation ----------------------------------------------------------------------------------
 
@@ -185,75 +218,91 @@ class ModelInstrumentation:
         self._previous_generate = model.__dict__.get("generate")
         self._generate_wrapper = self._wrap_generate(model.generate)
         model.generate = self._generate_wrapper
-        self.metrics[cat.MODEL_INFO].labels(*self._info_labels).set(1)
+        self._publish()
+        self.active = True
+
+    def _info_labels(self) -> tuple[str, ...]:
+        placement = self.placement
+        dtype = str(placement.dtype).removeprefix("torch.")
+        return self.name, self.model_type, dtype, placement.label, str(placement.param_count)
+
+    def _publish(self) -> None:
+        """Model info and background pollers for the current placement."""
+        self.metrics[cat.MODEL_INFO].labels(*self._info_labels()).set(1)
         try:
             self._start_pollers()
         except Exception as exc:  # the hooks work without the background readings
             self.errors.report("instrument", exc)
-        self.active = True
 
-    def _start_pollers(self) -> None:
-        interval = self.config.poll_interval_seconds
-        peak_flops = self.config.peak_flops
-        if peak_flops is None and self.device.type == "cuda":
-            peak_flops = table_peak_flops(torch.cuda.get_device_name(self.device), self.dtype)
-        key = ("model", id(self))
-        SAMPLER.acquire(
-            key,
-            lambda: ModelPoller(
-                self.series,
-                self.device,
-                self.device_label,
-                interval,
-                peak_flops,
-                self.config.peak_memory_bandwidth_bytes_per_second,
-            ),
-        )
-        self._poller_keys.append((SAMPLER, key))
-        if self.device.type != "cuda":
-            return
-        key = ("allocator", id(self.metrics), self.device_label)
-        SAMPLER.acquire(
-            key, lambda: CudaAllocatorPoller(self.metrics, self.device, self.device_label, interval)
-        )
-        self._poller_keys.append((SAMPLER, key))
-        if self.config.enable_nvml:
-            properties = torch.cuda.get_device_properties(self.device)
-            uuid = str(getattr(properties, "uuid", "") or "")
-            if uuid and not uuid.startswith(("GPU-", "MIG-")):
-                uuid = "GPU-" + uuid
-            key = ("nvml", id(self.metrics), self.device_label)
-            NVML_WORKER.acquire(
-                key,
-                lambda: NvmlPoller(self.metrics, self.device_label, self.device.index or 0, uuid, interval),
-            )
-            self._poller_keys.append((NVML_WORKER, key))
-
-    def remove(self) -> None:
-        """Take every hook off the model and stop its pollers; idempotent."""
-        if not self.active:
-            return
-        self.active = False
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
-        model = self.model_ref()
-        if model is not None and model.__dict__.get("generate") is self._generate_wrapper:
-            if self._previous_generate is not None:
-                model.generate = self._previous_generate
-            else:
-                del model.generate
-        # If someone wrapped generate on top of ours, ours stays in their chain as a pass-through
-        # (self.active is False).
+    def _retire(self) -> None:
         for worker, key in self._poller_keys:
             worker.release(key)
         self._poller_keys = []
         info = self.metrics[cat.MODEL_INFO]
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            info.labels(*self._info_labels).set(0)  # prometheus_client cannot remove series there
+            info.labels(*self._info_labels()).set(0)  # prometheus_client cannot remove series there
         else:
             with contextlib.suppress(KeyError):
-                info.remove(*self._info_labels)
+                info.remove(*self._info_labels())
+
+    def follow(self) -> None:
+        """Notice that the model was moved (``model.to("cuda")`` after ``instrument()``, as happens under
+        the launcher) or cast, and switch clock, pollers and model info to where it is now."""
+        model = self.model_ref()
+        if model is None or _fingerprint(model) == self.placement.fingerprint:
+            return
+        with self._lock:
+            if not self.active or _fingerprint(model) == self.placement.fingerprint:
+                return
+            self._retire()
+            self.placement = Placement.of(model)
+            self._publish()
+
+    def _start_pollers(self) -> None:
+        placement, config = self.placement, self.config
+        device, label, interval = placement.device, placement.label, config.poll_interval_seconds
+        peak_flops = config.peak_flops
+        if peak_flops is None and device.type == "cuda":
+            peak_flops = table_peak_flops(torch.cuda.get_device_name(device), placement.dtype)
+        peak_bandwidth = config.peak_memory_bandwidth_bytes_per_second
+        key = ("model", id(self), label)
+        SAMPLER.acquire(
+            key, lambda: ModelPoller(self.series, device, label, interval, peak_flops, peak_bandwidth)
+        )
+        self._poller_keys.append((SAMPLER, key))
+        if device.type != "cuda":
+            return
+        key = ("allocator", id(self.metrics), label)
+        SAMPLER.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, label, interval))
+        self._poller_keys.append((SAMPLER, key))
+        if config.enable_nvml:
+            properties = torch.cuda.get_device_properties(device)
+            uuid = str(getattr(properties, "uuid", "") or "")
+            if uuid and not uuid.startswith(("GPU-", "MIG-")):
+                uuid = "GPU-" + uuid
+            key = ("nvml", id(self.metrics), label)
+            index = device.index or 0
+            NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, label, index, uuid, interval))
+            self._poller_keys.append((NVML_WORKER, key))
+
+    def remove(self) -> None:
+        """Take every hook off the model and stop its pollers; idempotent."""
+        with self._lock:
+            if not self.active:
+                return
+            self.active = False
+            for handle in self._hook_handles:
+                handle.remove()
+            self._hook_handles = []
+            model = self.model_ref()
+            if model is not None and model.__dict__.get("generate") is self._generate_wrapper:
+                if self._previous_generate is not None:
+                    model.generate = self._previous_generate
+                else:
+                    del model.generate
+            # If someone wrapped generate on top of ours, ours stays in their chain as a pass-through
+            # (self.active is False).
+            self._retire()
 
     # -- forward hooks ---------------------------------------------------------------------------------
 
@@ -261,7 +310,12 @@ class ModelInstrumentation:
         if not self.active:
             return
         try:
-            self._local.start = self.clock.mark()
+            placement = self.placement
+            tensor = _input_tensor(args, kwargs)
+            if tensor is not None and tensor.device != placement.device:
+                self.follow()
+                placement = self.placement
+            self._local.start = (placement, placement.clock.mark())
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
@@ -269,14 +323,14 @@ class ModelInstrumentation:
         if not self.active:
             return
         try:
-            clock = self.clock
-            end = clock.mark()
-            start = self._local.__dict__.pop("start", None)
+            started = self._local.__dict__.pop("start", None)
             series = self.series
             series.heartbeat()
-            if start is None:  # installed while this forward was running
-                clock.release(end)
+            if started is None:  # installed while this forward was running
                 return
+            placement, start = started
+            clock = placement.clock
+            end = clock.mark()
             batch, new_tokens = _input_shape(args, kwargs)
             if batch:
                 series.batch_size.observe(batch)
@@ -294,11 +348,11 @@ class ModelInstrumentation:
                     request.set_kv(_kv_size(output))
                 kv_bytes = request.kv_bytes
             if phase == "decode":
-                work = self.param_bytes + kv_bytes  # a decode step reads every weight and the whole cache
+                work = placement.param_bytes + kv_bytes  # a decode step reads every weight and the cache
             else:
-                work = 2.0 * self.param_count * batch * new_tokens  # FLOPs of the prompt's tokens
+                work = 2.0 * placement.param_count * batch * new_tokens  # FLOPs of the prompt's tokens
             tokens = 1 if request is not None and request.owner is self else 0
-            step = Step(series, self.device_label, phase, start, end, tokens, work)
+            step = Step(series, placement.label, phase, start, end, tokens, work)
             if request is None:
                 loose = LooseForward(clock, step)
                 if not loose.complete():
@@ -336,7 +390,8 @@ class ModelInstrumentation:
 
     def _begin(self) -> Request | None:
         try:
-            return Request(self.series, self.clock, owner=self)
+            self.follow()
+            return Request(self.series, self.placement.clock, owner=self)
         except Exception as exc:
             self.errors.report("generate_enter", exc)
             return None
@@ -391,7 +446,7 @@ class ModelInstrumentation:
         else:
             batch = prompt.shape[0] if has_ids else sequences.shape[0]
             prompt_tokens = torch.full((), batch * prompt_length, dtype=torch.long, device=sequences.device)
-        return self.clock.fetch(torch.stack([prompt_tokens, lengths.sum()]))
+        return self.placement.clock.fetch(torch.stack([prompt_tokens, lengths.sum()]))
 
 
 class InstrumentationHandle:
@@ -410,7 +465,8 @@ class InstrumentationHandle:
 
     @property
     def device(self) -> torch.device:
-        return self._instrumentation.device
+        """Where the model ran at its last generate (instrumentation follows ``model.to(...)``)."""
+        return self._instrumentation.placement.device
 
     def remove(self) -> None:
         """Remove every hook and wrapper from the model; idempotent. Metrics already recorded stay."""

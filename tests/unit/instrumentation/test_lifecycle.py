@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig, instrument
+from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
 
 from tests.unit.instrumentation.conftest import batch_of, metric
@@ -111,3 +112,16 @@ def test_buckets_of_a_registry_cannot_change(llama, gpt2) -> None:
         assert "generate" not in vars(gpt2)
     finally:
         first.remove()
+
+
+def test_instrumentation_follows_the_model_when_cast_after_instrument(registry, instrumented) -> None:
+    # The launcher instruments models as they are loaded, before the program calls .to(device or dtype).
+    model = build_model("tiny-llama")
+    instrumented(model, model_name="m")
+    assert metric(registry, "llm_model_info", model="m", dtype="float32") == 1
+    model.to(torch.float64)
+    _generate(model)
+    assert metric(registry, "llm_model_info", model="m", dtype="float32") is None
+    assert metric(registry, "llm_model_info", model="m", dtype="float64", device="cpu") == 1
+    assert metric(registry, "llm_requests_total", model="m", status="ok") == 1
+    assert metric(registry, "llm_instrumentation_errors_total") is None
