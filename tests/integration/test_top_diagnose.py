@@ -1,0 +1,364 @@
+"""``inferwatch top`` and ``inferwatch diagnose`` against real processes: instrumented demos, an exporter
+over the NVML stand-in (three fake GPUs, one throttle reason active), and real Prometheus servers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inferwatch.monitor.expr import Quantile, Rate, Selector
+from inferwatch.monitor.scrape import EndpointScrape, Sample, Snapshot, labels_of
+
+from tests.integration.services import (
+    Prometheus,
+    RunningProcess,
+    require_binary,
+    start_demo,
+    start_exporter,
+    start_prometheus,
+    wait_until,
+)
+from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
+
+pytestmark = pytest.mark.integration
+
+FAKE_NVML_ENV = {
+    "INFERWATCH_EXPORTER_NVML_MODULE": "tests.unit.exporter.fake_nvml",
+    "FAKE_NVML_SCENARIO": json.dumps({"gpus": 3}),
+    "PYTHONPATH": str(REPO_ROOT),
+}
+EXPORTER_FLAGS = ["--collector.interval=200ms", "--collector.timeout=2s"]
+# One poll at start and none during the module: the exporter serves the same text to top and to the test,
+# so top's figures can be compared with the scraped ones exactly.
+FROZEN_EXPORTER_FLAGS = ["--collector.interval=1h", "--collector.timeout=10s"]
+# A host-side sleep per decode step far longer than a tiny model's step: the loop is host-bound.
+STEP_SLEEP_SECONDS = 0.02
+DEMO_ARGS = {"model": "tiny-llama", "duration": 300.0, "max_new_tokens": 16}
+
+
+def inferwatch(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real ``inferwatch`` command; stdout is a pipe, so output is plain text."""
+    return subprocess.run(
+        [require_binary("inferwatch"), *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def scrape(address: str) -> str:
+    status, body = http_get(f"http://{address}/metrics")
+    assert status == 200
+    return body
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningProcess, str]]:
+    """A healthy instrumented demo: tiny-llama, requests back to back."""
+    with start_demo(**DEMO_ARGS, workdir=tmp_path_factory.mktemp("demo")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def host_bound_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningProcess, str]]:
+    with start_demo(
+        **DEMO_ARGS, step_sleep=STEP_SLEEP_SECONDS, workdir=tmp_path_factory.mktemp("host-bound-demo")
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def exporter(
+    tmp_path_factory: pytest.TempPathFactory, demo: tuple[RunningProcess, str]
+) -> Iterator[tuple[RunningProcess, str]]:
+    """The exporter over three fake GPUs, watching the healthy demo's process through a PID file; frozen
+    after its first poll."""
+    workdir = tmp_path_factory.mktemp("exporter")
+    pid_file = workdir / "demo.pid"
+    pid_file.write_text(str(demo[0].popen.pid))
+    with start_exporter(
+        extra_args=[*FROZEN_EXPORTER_FLAGS, f"--processes.pid-file={pid_file}"],
+        env=FAKE_NVML_ENV,
+        workdir=workdir,
+    ) as running:
+        wait_until(lambda: "gpu_info{" in scrape(running[1]), 30, "the exporter's first poll")
+        yield running
+
+
+def wait_for_traffic(address: str, minimum_tokens: float = 50) -> None:
+    """Until the demo has generated tokens (its model is loaded and serving)."""
+    wait_until(
+        lambda: (sample_value(scrape(address), "llm_generation_tokens_total") or 0) >= minimum_tokens,
+        120,
+        f"{address} to generate {minimum_tokens} tokens",
+    )
+
+
+def required(text: str, metric: str, **labels: str) -> float:
+    """The value of a sample that must be in ``text``."""
+    value = sample_value(text, metric, **labels)
+    assert value is not None, (metric, labels)
+    return value
+
+
+def test_top_once_shows_the_exporters_numbers(
+    demo: tuple[RunningProcess, str], exporter: tuple[RunningProcess, str]
+) -> None:
+    (demo_proc, demo_address), (_, exporter_address) = demo, exporter
+    wait_for_traffic(demo_address)
+    result = inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
+    assert result.returncode == 0, result.stderr
+    frame = json.loads(result.stdout)
+    text = scrape(exporter_address)  # the stand-in's figures are constant between scrapes
+
+    assert [e["up"] for e in frame["endpoints"]] == [True, True]
+    assert [g["gpu"] for g in frame["gpus"]] == ["0", "1", "2"]
+    for gpu in frame["gpus"]:
+        index = gpu["gpu"]
+        assert gpu["instance"] == exporter_address
+        assert gpu["name"] == next(
+            s.labels["name"] for s in parse_samples(text) if s.name == "gpu_info" and s.labels["gpu"] == index
+        )
+        assert gpu["utilization"] == required(text, "gpu_utilization_ratio", gpu=index)
+        assert gpu["memory_used_bytes"] == required(text, "gpu_memory_used_bytes", gpu=index)
+        assert gpu["memory_free_bytes"] == required(text, "gpu_memory_free_bytes", gpu=index)
+        assert gpu["memory_total_bytes"] == required(text, "gpu_memory_total_bytes", gpu=index)
+        assert gpu["power_watts"] == required(text, "gpu_power_watts", gpu=index)
+        assert gpu["power_limit_watts"] == required(text, "gpu_power_limit_watts", gpu=index)
+        assert gpu["sm_clock_hz"] == required(text, "gpu_clock_hz", gpu=index, clock="sm")
+        assert gpu["sm_clock_max_hz"] == required(text, "gpu_clock_max_hz", gpu=index, clock="sm")
+        assert gpu["temperature_celsius"] == required(
+            text, "gpu_temperature_celsius", gpu=index, sensor="gpu"
+        )
+        assert gpu["slowdown_celsius"] == required(
+            text, "gpu_temperature_threshold_celsius", gpu=index, kind="slowdown"
+        )
+        active = [
+            s.labels["reason"]
+            for s in parse_samples(text)
+            if s.name == "gpu_clocks_event_active" and s.labels["gpu"] == index and s.value == 1
+        ]
+        assert gpu["throttle_reasons"] == active == ["sw_power_cap"]
+
+    (model,) = frame["models"]
+    assert (model["instance"], model["model"], model["device"]) == (demo_address, "tiny-llama", "cpu")
+    assert model["ttft_p50_seconds"] <= model["ttft_p99_seconds"]
+    assert model["itl_p50_seconds"] <= model["itl_p99_seconds"]
+    assert 0 <= model["busy_ratio"] <= 1
+    (process,) = frame["processes"]
+    pid = str(demo_proc.popen.pid)
+    assert process["pid"] == pid
+    assert process["resident_memory_bytes"] == required(
+        text, "inferwatch_process_resident_memory_bytes", pid=pid
+    )
+    assert process["cpu_cores"] == 0.0  # a frozen exporter: its CPU counters did not move
+    (host,) = frame["hosts"]
+    assert host["cpus"] == required(text, "host_cpus")
+    assert host["memory_available_bytes"] == required(text, "host_memory_available_bytes")
+
+    rendered = inferwatch("top", "--once", "--window", "0.5", demo_address, exporter_address)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "\x1b[" not in rendered.stdout
+    gpu0 = frame["gpus"][0]
+    for figure in (
+        f"{gpu0['memory_used_bytes'] / 2**30:.1f}/{gpu0['memory_total_bytes'] / 2**30:.1f} GiB",
+        f"{gpu0['power_watts']:.0f}/{gpu0['power_limit_watts']:.0f} W",
+        f"{gpu0['sm_clock_hz'] / 1e6:.0f}/{gpu0['sm_clock_max_hz'] / 1e6:.0f} MHz",
+        "sw_power_cap",
+        "tiny-llama",
+        "2/2 endpoints up",
+    ):
+        assert figure in rendered.stdout
+
+
+def test_top_once_tokens_per_second_is_the_counter_difference(demo: tuple[RunningProcess, str]) -> None:
+    _, address = demo
+    wait_for_traffic(address)
+    before = sample_value(scrape(address), "llm_generation_tokens_total")
+    result = inferwatch("top", "--once", "--json", "--window", "1.5", address)
+    after = sample_value(scrape(address), "llm_generation_tokens_total")
+    assert result.returncode == 0, result.stderr
+    frame = json.loads(result.stdout)
+    (model,) = frame["models"]
+    # One endpoint: the frame's window is the time between its two scrapes, so rate x window is the
+    # counter's increase between them: a whole number of tokens, within what the test saw around it.
+    tokens = model["tokens_per_second"] * frame["window_seconds"]
+    assert tokens == pytest.approx(round(tokens), abs=1e-6)
+    assert 0 < round(tokens) <= after - before
+
+
+@pytest.fixture(scope="module")
+def prometheus_servers(
+    demo: tuple[RunningProcess, str],
+    host_bound_demo: tuple[RunningProcess, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Prometheus]]:
+    """One Prometheus per demo, started together so that their histories fill at the same time."""
+    with (
+        start_prometheus({"demo": [demo[1]]}, workdir=tmp_path_factory.mktemp("prom-healthy")) as healthy,
+        start_prometheus(
+            {"demo": [host_bound_demo[1]]}, workdir=tmp_path_factory.mktemp("prom-host-bound")
+        ) as host_bound,
+    ):
+        yield {"healthy": healthy, "host-bound": host_bound}
+
+
+@pytest.fixture
+def prometheus_healthy(prometheus_servers: dict[str, Prometheus]) -> Prometheus:
+    return prometheus_servers["healthy"]
+
+
+@pytest.fixture
+def prometheus_host_bound(prometheus_servers: dict[str, Prometheus]) -> Prometheus:
+    return prometheus_servers["host-bound"]
+
+
+def wait_for_history(prometheus: Prometheus, seconds: float) -> float:
+    """Until Prometheus holds ``seconds`` of generated-token history; returns the newest sample's time."""
+    expr = f"count_over_time(llm_generation_tokens_total[{int(seconds) + 5}s])"
+    wait_until(
+        lambda: any(float(r["value"][1]) >= seconds for r in prometheus.query(expr)),
+        seconds + 120,
+        f"{seconds}s of llm_generation_tokens_total in Prometheus",
+    )
+    return max(float(r["value"][1]) for r in prometheus.query("timestamp(llm_generation_tokens_total)"))
+
+
+def diagnose_prometheus(prometheus: Prometheus) -> tuple[int, dict[str, Any], str]:
+    result = inferwatch(
+        "diagnose",
+        "--prometheus",
+        prometheus.url,
+        "--window",
+        "10s",
+        "--step",
+        "1s",
+        "--rate-window",
+        "3s",
+        "--json",
+    )
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def test_diagnose_reports_a_host_bound_demo(
+    prometheus_host_bound: Prometheus, host_bound_demo: tuple[RunningProcess, str]
+) -> None:
+    wait_for_history(prometheus_host_bound, 12)
+    code, report, _ = diagnose_prometheus(prometheus_host_bound)
+    assert code == 1
+    host_bound = [f for f in report["findings"] if f["check"] == "host-bound"]
+    assert [f["subject"] for f in host_bound] == [f"model tiny-llama on {host_bound_demo[1]}"]
+    busy = host_bound[0]["evidence"][0]
+    assert busy["query"] == "avg by (instance, model) (llm_gpu_busy_ratio)"
+    assert float(busy["value"].rstrip("%")) < 50
+
+
+def test_diagnose_finds_nothing_alarming_in_a_healthy_demo(prometheus_healthy: Prometheus) -> None:
+    wait_for_history(prometheus_healthy, 12)
+    code, report, _ = diagnose_prometheus(prometheus_healthy)
+    assert code == 0, report["findings"]
+    assert report["alarming"] is False
+    assert [f for f in report["findings"] if f["severity"] != "info"] == []
+    assert "host-bound" in report["passed"]
+
+    text = inferwatch(
+        "diagnose", "--prometheus", prometheus_healthy.url, "--window", "10s", "--rate-window", "3s"
+    )
+    assert text.returncode == 0
+    assert text.stdout.rstrip().endswith("Nothing alarming.")
+
+
+def test_diagnose_on_live_endpoints(
+    host_bound_demo: tuple[RunningProcess, str], exporter: tuple[RunningProcess, str]
+) -> None:
+    wait_for_traffic(host_bound_demo[1], minimum_tokens=10)
+    result = inferwatch(
+        "diagnose", "--endpoint", host_bound_demo[1], "--endpoint", exporter[1], "--samples", "4",
+        "--interval", "1", "--json",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    found = {(f["check"], f["subject"]) for f in report["findings"]}
+    assert ("host-bound", f"model tiny-llama on {host_bound_demo[1]}") in found
+    # The stand-in holds every GPU at its software power cap.
+    for gpu in ("0", "1", "2"):
+        assert ("throttling", f"GPU {gpu} on {exporter[1]}") in found
+    throttling = next(f for f in report["findings"] if f["check"] == "throttling")
+    assert throttling["severity"] == "warning"
+    assert throttling["evidence"][0]["what"].startswith("sw_power_cap active")
+
+
+def test_local_quantiles_and_rates_equal_prometheus(
+    prometheus_healthy: Prometheus, demo: tuple[RunningProcess, str]
+) -> None:
+    """The two-scrape arithmetic of top and diagnose --endpoint is Prometheus's: evaluated on the very
+    samples Prometheus stored at two times, it gives what histogram_quantile and a counter difference
+    give on the server."""
+    end = wait_for_history(prometheus_healthy, 8)
+    span = 5
+
+    def snapshot_at(at: float, metric: str) -> Snapshot:
+        answer = prometheus_healthy.api("query", query=metric, time=f"{at:.3f}")["result"]
+        samples = tuple(Sample(metric, labels_of(r["metric"]), float(r["value"][1])) for r in answer)
+        return Snapshot((EndpointScrape("prometheus", demo[1], at, 0.0, samples),))
+
+    itl = Selector("llm_inter_token_latency_seconds")
+    bucket = "llm_inter_token_latency_seconds_bucket"
+    window = f"{bucket} - {bucket} offset {span}s"  # the exact increase, without rate()'s extrapolation
+    earlier, later = (snapshot_at(t, bucket) for t in (end - span, end))
+    for q in (0.5, 0.9, 0.99):
+        server = prometheus_healthy.api(
+            "query",
+            query=f"histogram_quantile({q}, sum by (le, instance, model) ({window}))",
+            time=f"{end:.3f}",
+        )["result"]
+        local = Quantile(q, itl, ("instance", "model")).evaluate(earlier, later)
+        assert {labels_of(r["metric"]): float(r["value"][1]) for r in server} == pytest.approx(
+            local, rel=1e-12
+        )
+
+    tokens = "llm_generation_tokens_total"
+    earlier, later = (snapshot_at(t, tokens) for t in (end - span, end))
+    server = prometheus_healthy.api(
+        "query",
+        query=f"sum by (instance, model) ({tokens} - {tokens} offset {span}s) / {span}",
+        time=f"{end:.3f}",
+    )["result"]
+    local = Rate(Selector(tokens), ("instance", "model")).evaluate(earlier, later)
+    assert local and {labels_of(r["metric"]): float(r["value"][1]) for r in server} == pytest.approx(local)
+
+
+def test_top_shows_an_exporter_that_goes_away_and_keeps_running(tmp_path: Path) -> None:
+    output = tmp_path / "top.txt"
+    with start_exporter(extra_args=EXPORTER_FLAGS, env=FAKE_NVML_ENV, workdir=tmp_path) as (
+        exporter_proc,
+        address,
+    ):
+        with output.open("w") as sink:
+            top = subprocess.Popen(
+                [require_binary("inferwatch"), "top", address, "--interval", "0.3", "--timeout", "1"],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_until(lambda: "1/1 endpoints up" in output.read_text(), 30, "top to show the exporter up")
+            exporter_proc.stop()
+            wait_until(
+                lambda: "down: connection failed: Connection refused" in output.read_text(),
+                30,
+                "top to show the exporter down",
+            )
+            time.sleep(1.0)  # a few more refreshes against nothing
+            assert top.poll() is None, output.read_text()
+            assert "0/1 endpoints up" in output.read_text()
+            top.send_signal(signal.SIGINT)
+            assert top.wait(timeout=10) == 0
+        finally:
+            if top.poll() is None:
+                top.kill()
+                top.wait(timeout=10)
+    assert "Traceback" not in output.read_text()
