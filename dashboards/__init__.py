@@ -1,1 +1,5 @@
-"""inferwatch.dashboards."""
+"""inferwatch.dashboards: Grafana dashboards generated with grafana-foundation-sdk, committed as JSON.
+
+:mod:`.panels` defines every panel, :mod:`.layouts` the three dashboards, :mod:`.generate` renders them,
+:mod:`.schema` checks the JSON against the SDK's model, :mod:`.cli` is ``inferwatch dashboards``.
+"""

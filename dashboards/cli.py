@@ -1,0 +1,30 @@
+"""``inferwatch dashboards``: write the bundled Grafana dashboards, or regenerate them from the code.
+
+* ``inferwatch dashboards export DIR`` writes the dashboards shipped with the package (JSON for
+  Grafana's file provisioning or its import dialog); it needs nothing but the package.
+* ``inferwatch dashboards generate --out DIR`` builds them from the generator code with
+  grafana-foundation-sdk (the ``dashboards`` extra); ``--out dashboards`` refreshes the committed copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .generate import bundled_files, generate, write
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write the bundled dashboard JSON files to DIR")
+    export.add_argument("dir", type=Path, metavar="DIR")
+    build = actions.add_parser("generate", help="build the dashboards from the generator code into DIR")
+    build.add_argument("--out", type=Path, required=True, metavar="DIR")
+
+
+def main(args: argparse.Namespace) -> int:
+    files = bundled_files() if args.action == "export" else generate()
+    target = args.dir if args.action == "export" else args.out
+    for path in write(files, target):
+        print(path)
+    return 0

@@ -1,0 +1,46 @@
+"""Dashboard JSON from the generator code, and the committed copies bundled with the package.
+
+``generate()`` builds every dashboard of :data:`.layouts.DASHBOARDS` and encodes it the one way that is
+committed (sorted keys, two-space indent), so a test can regenerate and compare byte for byte.
+``bundled_files()`` reads the committed JSON through importlib.resources: it works from a wheel and
+needs neither the SDK nor the generator.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+
+
+def generate() -> dict[str, str]:
+    """File name -> JSON text of every dashboard, built now from the code."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    from .layouts import DASHBOARDS
+
+    return {
+        name: json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
+
+
+def bundled_files() -> dict[str, str]:
+    """File name -> JSON text of every dashboard shipped in the package."""
+    root = importlib.resources.files(__package__)
+    return {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in sorted(root.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith(".json")
+    }
+
+
+def write(files: dict[str, str], out_dir: Path) -> list[Path]:
+    """Write ``files`` into ``out_dir``; return the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = out_dir / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written

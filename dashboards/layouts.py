@@ -1,0 +1,217 @@
+"""The three dashboards of the design brief, as rows of panels from :mod:`.panels`.
+
+* Inference overview: what the serving process measures - latency percentiles, throughput, errors,
+  the prefill/decode breakdown, KV cache, and how busy the model keeps its device.
+* GPU hardware: what NVML says about every GPU - load, memory, power, temperature, clocks and why
+  they are low, and the fault counters.
+* Diagnosis: the questions of the reference notes' bottleneck matrix and fault list, each answered by
+  panels side by side - is latency following the clocks, is memory running out, is the host the
+  bottleneck, and is the monitoring itself healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.cog import builder as cog
+from grafana_foundation_sdk.models import dashboard as models
+
+from . import panels as p
+from .grafana import datasource_variable, query_variable, stat_panel, state_timeline_panel, timeseries_panel
+
+TAG = "inferwatch"
+Section = tuple[str, Sequence[cog.Builder[models.Panel]]]
+
+
+def _variables() -> list[cog.Builder[models.VariableModel]]:
+    # Instances of serving processes and of exporters both: one selection filters either kind of panel.
+    return [
+        datasource_variable(),
+        query_variable(
+            "instance", "Instance", 'label_values({__name__=~"llm_model_info|gpu_info"}, instance)'
+        ),
+        query_variable("model", "Model", 'label_values(llm_model_info{instance=~"$instance"}, model)'),
+        query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$instance"}, gpu)'),
+    ]
+
+
+def _dashboard(uid: str, title: str, description: str, sections: Sequence[Section]) -> models.Dashboard:
+    builder = (
+        dashboard_builders.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags([TAG])
+        .timezone("browser")
+        .refresh("30s")
+        .time("now-1h", "now")
+        .tooltip(models.DashboardCursorSync.CROSSHAIR)
+        .link(
+            dashboard_builders.DashboardLink("inferwatch")
+            .type(models.DashboardLinkType.DASHBOARDS)
+            .tags([TAG])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+        .variables(_variables())
+    )
+    for row_title, row_panels in sections:
+        builder = builder.with_row(dashboard_builders.Row(row_title))
+        for panel in row_panels:
+            builder = builder.with_panel(panel)
+    dashboard = builder.build()
+    # Grafana needs ids unique within a dashboard; the builder leaves them all 0.
+    for panel_id, panel in enumerate(dashboard.panels or [], start=1):
+        panel.id_val = panel_id
+    return dashboard
+
+
+def overview() -> models.Dashboard:
+    return _dashboard(
+        "inferwatch-overview",
+        "inferwatch / Inference overview",
+        "Latency, throughput, errors, prefill/decode time and KV cache of instrumented models.",
+        [
+            (
+                "Latency",
+                [
+                    timeseries_panel(p.time_to_first_token()),
+                    timeseries_panel(p.inter_token_latency()),
+                    timeseries_panel(p.end_to_end_latency()),
+                    timeseries_panel(p.per_request_token_time()),
+                ],
+            ),
+            (
+                "Throughput and errors",
+                [
+                    timeseries_panel(p.tokens_per_second(), min_value=0),
+                    timeseries_panel(p.requests_by_status(), min_value=0, stacked=True),
+                    timeseries_panel(p.failed_requests(), min_value=0),
+                    timeseries_panel(p.requests_running(), min_value=0),
+                ],
+            ),
+            (
+                "Prefill and decode",
+                [
+                    timeseries_panel(p.prefill_vs_decode(), stacked=True),
+                    stat_panel(p.decode_share()),
+                    stat_panel(p.batch_size()),
+                    timeseries_panel(p.forward_time_by_phase(), width=24),
+                ],
+            ),
+            (
+                "KV cache and memory",
+                [
+                    timeseries_panel(p.kv_cache_bytes(), width=8, min_value=0),
+                    timeseries_panel(p.kv_cache_headroom(), width=8, min_value=0),
+                    timeseries_panel(p.allocator_memory(), width=8, min_value=0),
+                ],
+            ),
+            (
+                "Device efficiency",
+                [
+                    timeseries_panel(p.busy_ratio(), width=8, min_value=0),
+                    timeseries_panel(p.decode_bandwidth(), width=8, min_value=0),
+                    timeseries_panel(p.prefill_flops(), width=8, min_value=0),
+                ],
+            ),
+        ],
+    )
+
+
+def gpu_hardware() -> models.Dashboard:
+    return _dashboard(
+        "inferwatch-gpu",
+        "inferwatch / GPU hardware",
+        "NVML view of every GPU: load, memory, power, temperature, clocks and why they are low, faults.",
+        [
+            (
+                "Load and memory",
+                [
+                    timeseries_panel(p.gpu_utilization(), width=8, min_value=0),
+                    timeseries_panel(p.memory_bandwidth_utilization(), width=8, min_value=0),
+                    timeseries_panel(p.device_memory(), width=8, min_value=0),
+                ],
+            ),
+            (
+                "Power, temperature and clocks",
+                [
+                    timeseries_panel(p.power(), width=8, min_value=0),
+                    timeseries_panel(p.temperature(), width=8),
+                    timeseries_panel(p.clocks(), width=8, min_value=0),
+                    state_timeline_panel(
+                        p.clocks_event_reasons(), p.CLOCKS_EVENT_STATES, width=24, height=10
+                    ),
+                    timeseries_panel(p.throttle_duty_cycle(), min_value=0),
+                    timeseries_panel(p.pstate()),
+                ],
+            ),
+            (
+                "Faults and links",
+                [
+                    timeseries_panel(p.xid_errors(), width=8, min_value=0),
+                    timeseries_panel(p.ecc_errors(), width=8, min_value=0),
+                    timeseries_panel(p.remapped_rows(), width=8, min_value=0),
+                    timeseries_panel(p.gpu_up(), width=8),
+                    timeseries_panel(p.pcie_link(), width=8),
+                    timeseries_panel(p.pcie_traffic(), width=8, min_value=0),
+                    timeseries_panel(p.process_gpu_memory(), width=24, min_value=0),
+                ],
+            ),
+        ],
+    )
+
+
+def diagnosis() -> models.Dashboard:
+    return _dashboard(
+        "inferwatch-diagnosis",
+        "inferwatch / Diagnosis",
+        "The bottleneck matrix side by side: latency next to clocks, memory next to OOMs, busy ratio "
+        "next to host CPU, and the health of the monitoring itself.",
+        [
+            (
+                "Is latency following the clocks?",
+                [
+                    timeseries_panel(p.inter_token_latency()),
+                    timeseries_panel(p.latency_fluctuation(), min_value=0),
+                    timeseries_panel(p.sm_clock_ratio(), min_value=0),
+                    timeseries_panel(p.throttle_duty_cycle(), min_value=0),
+                    state_timeline_panel(p.clocks_event_reasons(), p.CLOCKS_EVENT_STATES, width=24),
+                ],
+            ),
+            (
+                "Is memory running out?",
+                [
+                    timeseries_panel(p.kv_cache_headroom(), width=8, min_value=0),
+                    timeseries_panel(p.device_memory(), width=8, min_value=0),
+                    timeseries_panel(p.allocator_retries_and_ooms(), width=8, min_value=0),
+                    timeseries_panel(p.allocator_memory(), width=24, min_value=0),
+                ],
+            ),
+            (
+                "Is the host the bottleneck?",
+                [
+                    timeseries_panel(p.busy_ratio_vs_nvml(), width=8, min_value=0),
+                    timeseries_panel(p.serving_process_cpu(), width=8, min_value=0),
+                    timeseries_panel(p.requests_running(), width=8, min_value=0),
+                ],
+            ),
+            (
+                "Is the monitoring healthy?",
+                [
+                    timeseries_panel(p.targets_up(), width=8),
+                    timeseries_panel(p.collection_age(), width=8, min_value=0),
+                    timeseries_panel(p.monitor_errors(), width=8, min_value=0),
+                ],
+            ),
+        ],
+    )
+
+
+# File name -> builder: what is committed in dashboards/ and what `inferwatch dashboards export` writes.
+DASHBOARDS: dict[str, Callable[[], models.Dashboard]] = {
+    "inferwatch-overview.json": overview,
+    "inferwatch-gpu.json": gpu_hardware,
+    "inferwatch-diagnosis.json": diagnosis,
+}
