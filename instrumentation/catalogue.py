@@ -154,13 +154,13 @@ GPU_BUSY = _gauge(
 )  # fmt: skip
 DECODE_BANDWIDTH = _gauge(
     "llm_decode_bandwidth_utilization_ratio", "ratio", ("model", "device"), "livemax",
-    "Bytes a decode step must read (parameters + KV cache) / decode step time / peak memory bandwidth, "
-    "over the last poll window with decode steps.",
+    "Bytes a decode step must read (weights but the input embedding table, plus the KV cache) / decode "
+    "step time / peak memory bandwidth, over the last poll window with decode steps.",
 )  # fmt: skip
 PREFILL_FLOPS = _gauge(
     "llm_prefill_flops_utilization_ratio", "ratio", ("model", "device"), "livemax",
-    "2 x parameters x prompt tokens / prefill forward time / peak FLOP/s, over the last poll window with "
-    "prefill steps.",
+    "2 x matmul parameters (all but the embedding and output tables) x prompt tokens / prefill forward "
+    "time / peak FLOP/s, over the last poll window with prefill steps.",
 )  # fmt: skip
 NVML_GPU_UTILIZATION = _gauge(
     "llm_nvml_gpu_utilization_ratio", "ratio", ("device",), "livemostrecent",

@@ -8,6 +8,7 @@ in :data:`PEAK_MEMORY_BANDWIDTH`; both can be set in InstrumentConfig instead.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -64,10 +65,39 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def parameter_footprint(model: torch.nn.Module) -> tuple[int, int]:
-    """(parameter count, parameter bytes); shared (tied) parameters are counted once."""
+@dataclass(frozen=True)
+class Footprint:
+    """What the utilization ratios need to know about a model's weights (tied weights counted once)."""
+
+    #: All parameters (the ``params`` label of llm_model_info).
+    count: int
+    #: Parameters a prompt token is multiplied with: all but the input embedding table (a lookup) and
+    #: the output projection (generate computes logits for the last position only).
+    matmul_count: int
+    #: Bytes a decode step reads: every weight except the input embedding table, of which it reads only
+    #: the rows of its tokens (unless the table is shared with the output projection).
+    decode_read_bytes: int
+
+
+def parameter_footprint(model: torch.nn.Module) -> Footprint:
     count = size = 0
     for parameter in model.parameters():
         count += parameter.numel()
         size += parameter.numel() * parameter.element_size()
-    return count, size
+    embeddings = _weight(model, "get_input_embeddings")
+    projection = _weight(model, "get_output_embeddings")
+    matmul_count, read_bytes = count, size
+    for weight in {id(w): w for w in (embeddings, projection) if w is not None}.values():
+        matmul_count -= weight.numel()
+    if embeddings is not None and embeddings is not projection:
+        read_bytes -= embeddings.numel() * embeddings.element_size()
+    return Footprint(count, matmul_count, read_bytes)
+
+
+def _weight(model: torch.nn.Module, getter: str) -> torch.Tensor | None:
+    try:
+        module = getattr(model, getter)()
+    except (AttributeError, NotImplementedError):
+        return None
+    weight = getattr(module, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else None

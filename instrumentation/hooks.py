@@ -27,6 +27,7 @@ from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import (
+    Footprint,
     device_label,
     model_device,
     model_dtype,
@@ -156,22 +157,20 @@ class Placement:
     label: str  # the `device` label value
     clock: Clock
     dtype: torch.dtype
-    param_count: int
-    param_bytes: int
+    footprint: Footprint
     #: (device, dtype) of the first parameter: compared at each generate entry to notice a move.
     fingerprint: tuple[torch.device, torch.dtype] | None
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> Placement:
         device = model_device(model)
-        count, size = parameter_footprint(model)
+        footprint = parameter_footprint(model)
         return cls(
             device,
             device_label(device),
             clock_for(device),
             model_dtype(model),
-            count,
-            size,
+            footprint,
             _fingerprint(model),
         )
 
@@ -224,7 +223,7 @@ class ModelInstrumentation:
     def _info_labels(self) -> tuple[str, ...]:
         placement = self.placement
         dtype = str(placement.dtype).removeprefix("torch.")
-        return self.name, self.model_type, dtype, placement.label, str(placement.param_count)
+        return self.name, self.model_type, dtype, placement.label, str(placement.footprint.count)
 
     def _publish(self) -> None:
         """Model info and background pollers for the current placement."""
@@ -348,9 +347,9 @@ class ModelInstrumentation:
                     request.set_kv(_kv_size(output))
                 kv_bytes = request.kv_bytes
             if phase == "decode":
-                work = placement.param_bytes + kv_bytes  # a decode step reads every weight and the cache
+                work = placement.footprint.decode_read_bytes + kv_bytes  # weights and the whole cache
             else:
-                work = 2.0 * placement.param_count * batch * new_tokens  # FLOPs of the prompt's tokens
+                work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
             tokens = 1 if request is not None and request.owner is self else 0
             step = Step(series, placement.label, phase, start, end, tokens, work)
             if request is None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.catalogue import metrics_for
+from inferwatch.instrumentation.hardware import parameter_footprint
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import ModelPoller
 from inferwatch.instrumentation.series import series_for
@@ -138,3 +139,16 @@ def test_unsupported_nvml_readings_are_skipped_for_good(registry) -> None:
     poller.poll()
     assert nvml.reads == 4  # tried once each, then skipped
     assert metric(registry, "llm_instrumentation_errors_total") is None
+
+
+def test_footprint_counts_what_a_step_really_touches(llama, gpt2) -> None:
+    total = sum(p.numel() for p in llama.parameters())
+    table = llama.config.vocab_size * llama.config.hidden_size
+    footprint = parameter_footprint(llama)  # separate embedding and output tables
+    assert (footprint.count, footprint.matmul_count) == (total, total - 2 * table)
+    assert footprint.decode_read_bytes == (total - table) * 4
+    total = sum(p.numel() for p in gpt2.parameters())
+    table = gpt2.config.vocab_size * gpt2.config.n_embd
+    footprint = parameter_footprint(gpt2)  # one table, tied: read in full by the output projection
+    assert (footprint.count, footprint.matmul_count) == (total, total - table)
+    assert footprint.decode_read_bytes == total * 4
