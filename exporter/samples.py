@@ -1,18 +1,14 @@
 """Metric descriptions and the plain samples collectors produce, turned into Prometheus families at scrape.
 
 Collectors never touch prometheus_client objects: they append :class:`Sample` tuples to a list. The poller
-freezes those lists into a snapshot, and :func:`to_families` turns any mix of samples into metric families
-only when ``/metrics`` is scraped. Keeping collection and exposition apart is what lets a scrape answer
-without waiting on NVML.
+freezes those lists into a snapshot, which :mod:`.encoding` writes out only when ``/metrics`` is scraped.
+Keeping collection and exposition apart is what lets a scrape answer without waiting on NVML.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 GPU_LABELS = ("gpu", "uuid")
 
@@ -48,16 +44,3 @@ class Sample(NamedTuple):
     spec: MetricSpec
     labels: tuple[str, ...]
     value: float
-
-
-def to_families(samples: Iterable[Sample]) -> Iterator[Metric]:
-    """Group samples into one family per spec, in order of first appearance."""
-    families: dict[MetricSpec, Metric] = {}
-    for spec, labels, value in samples:
-        family = families.get(spec)
-        if family is None:
-            family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = family_type(spec.name, spec.help, labels=spec.labels)
-            families[spec] = family
-        family.add_metric(labels, value)
-    yield from families.values()

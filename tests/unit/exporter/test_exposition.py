@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferwatch.exporter.exposition import Exposition
+from inferwatch.exporter.exposition import Exposition, wants_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.support import sample_value
 from tests.unit.exporter.conftest import MakePoller
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def test_openmetrics_is_negotiated_like_prometheus_asks_for_it() -> None:
+    prometheus = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    )
+    assert wants_openmetrics(prometheus + "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    assert not wants_openmetrics("text/plain;version=0.0.4,application/openmetrics-text")
+    assert not wants_openmetrics(None)
+    assert not wants_openmetrics("*/*")
 
 
 def test_openmetrics_is_one_valid_document_with_the_exporters_own_process(make_poller: MakePoller) -> None:
