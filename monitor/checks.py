@@ -13,7 +13,8 @@ Thresholds and where they come from:
 * host-bound: the model's own work fills less than half of the wall time while requests run
   (reference/002 §4.1: idle gaps in the timeline);
 * throttling: any clocks-event reason other than idle, application or display clock settings, sync
-  boost and low utilization, active or accumulating more than 5 % throttle time (reference/002 §6.1: is the GPU downclocking?);
+  boost and low utilization, active or accumulating more than 5 % throttle time (reference/002 §6.1:
+  is the GPU downclocking?);
 * OOM risk: under 10 % of device memory free (5 %: critical), allocator retries, OOMs, or less KV-cache
   headroom than one average request needs (reference/002 §6.2);
 * leak: memory rising by more than 5 % over the window, step after step, while the load does not rise;
@@ -221,14 +222,16 @@ def _evidence(source: Source, what: str, value: str, *exprs: Expr) -> Evidence:
     return Evidence(what, value, "\n".join(expr.promql(source.rate_window) for expr in exprs))
 
 
-def _require(series: Series, what: str) -> Series:
+def _require(series: Series, why_not: str) -> Series:
     if not series:
-        raise NotAssessed(f"no {what} in the window")
+        raise NotAssessed(why_not)
     return series
 
 
 def check_host_bound(source: Source) -> list[Finding]:
-    busy = _require(source.series(BUSY), "llm_gpu_busy_ratio series (is an instrumented process scraped?)")
+    busy = _require(
+        source.series(BUSY), "no llm_gpu_busy_ratio in the window: is an instrumented process scraped?"
+    )
     running = source.series(RUNNING)
     findings, judged = [], False
     for group, busy_points in busy.items():
@@ -289,36 +292,42 @@ def _process_cpu_evidence(source: Source, instance: str) -> list[Evidence]:
 
 
 def check_throttling(source: Source) -> list[Finding]:
-    active = _require(
-        source.series(CLOCK_EVENT_ACTIVE), "gpu_clocks_event_active series (is inferwatch-exporter scraped?)"
-    )
-    duty = source.series(CLOCK_EVENT_DUTY)
+    active, duty = source.series(CLOCK_EVENT_ACTIVE), source.series(CLOCK_EVENT_DUTY)
+    if not (active or duty):
+        raise NotAssessed("no gpu_clocks_event_* series in the window: is inferwatch-exporter scraped?")
     clock_share, utilization = source.series(SM_CLOCK_SHARE), source.series(GPU_UTIL)
-    reasons_by_gpu: dict[Labels, list[tuple[str, float, float | None]]] = {}
-    for group, points in active.items():
-        labels = dict(group)
-        reason = labels.get("reason", "")
+    reasons_by_gpu: dict[Labels, list[Evidence]] = {}
+    names_by_gpu: dict[Labels, list[str]] = {}
+    for group in sorted(set(active) | set(duty)):
+        reason = dict(group).get("reason", "")
         if reason in BENIGN_CLOCK_REASONS:
             continue
-        active_share = statistics.fmean(1.0 if v > 0 else 0.0 for v in values(points))
-        duty_points = duty.get(group)
-        mean_duty = statistics.fmean(values(duty_points)) if duty_points else None
-        if active_share > 0 or (mean_duty or 0.0) > THROTTLE_DUTY_CYCLE:
-            gpu = tuple((k, v) for k, v in group if k != "reason")
-            reasons_by_gpu.setdefault(gpu, []).append((reason, active_share, mean_duty))
-    findings = []
-    for gpu, reasons in sorted(reasons_by_gpu.items()):
-        hardware = any(reason.startswith("hw_") for reason, _, _ in reasons)
-        evidence = [
-            _evidence(
-                source,
-                f"{reason} active (share of the window)"
-                + ("" if mean_duty is None else f"; throttled {percent(mean_duty)} of the time"),
-                percent(share),
-                *((CLOCK_EVENT_ACTIVE,) if mean_duty is None else (CLOCK_EVENT_ACTIVE, CLOCK_EVENT_DUTY)),
+        # The 0/1 gauge samples the moment of each poll; the violation counter misses no episode.
+        share = (
+            statistics.fmean(1.0 if v > 0 else 0.0 for v in values(active[group])) if group in active else 0.0
+        )
+        throttled = statistics.fmean(values(duty[group])) if group in duty else 0.0
+        if share == 0 and throttled <= THROTTLE_DUTY_CYCLE:
+            continue
+        gpu = tuple((k, v) for k, v in group if k != "reason")
+        names_by_gpu.setdefault(gpu, []).append(reason)
+        evidence = reasons_by_gpu.setdefault(gpu, [])
+        if group in active:
+            evidence.append(
+                _evidence(source, f"{reason} active (share of the steps)", percent(share), CLOCK_EVENT_ACTIVE)
             )
-            for reason, share, mean_duty in reasons
-        ]
+        if group in duty:
+            evidence.append(
+                _evidence(
+                    source,
+                    f"time held back by {reason} (violation counter)",
+                    percent(throttled),
+                    CLOCK_EVENT_DUTY,
+                )
+            )
+    findings = []
+    for gpu, evidence in sorted(reasons_by_gpu.items()):
+        hardware = any(reason.startswith("hw_") for reason in names_by_gpu[gpu])
         if gpu in clock_share:
             evidence.append(
                 _evidence(
@@ -337,7 +346,7 @@ def check_throttling(source: Source) -> list[Finding]:
                     GPU_UTIL,
                 )
             )
-        names = ", ".join(reason for reason, _, _ in reasons)
+        names = ", ".join(names_by_gpu[gpu])
         findings.append(
             Finding(
                 "throttling",

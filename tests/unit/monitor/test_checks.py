@@ -80,7 +80,10 @@ def test_throttle_time_without_a_current_reason() -> None:
     diagnosis = run(5, gpus=lambda i: {"throttle_duty": 0.2})
     (finding,) = findings(diagnosis, "throttling")
     assert finding.severity == Severity.WARNING
-    assert "throttled 20% of the time" in finding.evidence[0].what
+    active, held_back = finding.evidence[:2]
+    assert (active.what, active.value) == ("sw_power_cap active (share of the steps)", "0.0%")
+    assert (held_back.what, held_back.value) == ("time held back by sw_power_cap (violation counter)", "20%")
+    assert held_back.query == "sum by (instance, gpu, reason) (rate(gpu_clocks_event_seconds_total[1s]))"
 
 
 def test_low_device_memory() -> None:
