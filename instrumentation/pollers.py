@@ -44,9 +44,10 @@ class CudaAllocatorPoller:
             for kind, key in MEMORY_KINDS.items():
                 self._memory.labels(self._label, kind).set(stats.get(key, 0))
             retries = stats.get("num_alloc_retries", 0)
-            # The allocator's count can be reset (reset_accumulated_memory_stats): start counting anew.
-            if self._last_retries is not None and retries >= self._last_retries:
-                self._retries.labels(self._label).inc(retries - self._last_retries)
+            # Counted from the first poll on (the series exists from then, at 0). The allocator's count
+            # can be reset (reset_accumulated_memory_stats): then counting starts anew.
+            last = retries if self._last_retries is None else self._last_retries
+            self._retries.labels(self._label).inc(max(0, retries - last))
             self._last_retries = retries
         except Exception as exc:
             self._errors.report("sample", exc)

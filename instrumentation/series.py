@@ -32,7 +32,7 @@ class Window:
 
 
 @dataclass
-class _KVTotals:
+class _LiveTotals:
     bytes: float = 0.0
     capacity_tokens: float = 0.0
     bytes_per_token: float | None = None
@@ -73,7 +73,7 @@ class ModelSeries:
         self._kv_bytes_per_token: Gauge | None = None
         self._last_step: Gauge | None = None
         self._lock = threading.Lock()
-        self._totals = _KVTotals()
+        self._totals = _LiveTotals()
 
     def update_kv(self, old: KVCacheSize | None, new: KVCacheSize | None) -> None:
         """Replace one request's contribution to the live KV-cache totals."""

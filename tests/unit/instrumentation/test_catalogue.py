@@ -6,10 +6,11 @@ import re
 
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.catalogue import CATALOGUE, metrics_for
+from inferwatch.instrumentation.errors import STAGES
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import Gauge
 
-from tests.support import METRICS_DOC, documented_metrics
+from tests.support import METRICS_DOC, REPO_ROOT, documented_metrics
 
 SECTION = "Instrumentation"
 
@@ -61,3 +62,13 @@ def test_one_set_of_families_per_registry() -> None:
     assert metrics_for(CollectorRegistry(), InstrumentConfig()) is not first
     exposed = {family.name for family in registry.collect()}
     assert exposed == {spec.name.removesuffix("_total") for spec in CATALOGUE}
+
+
+def test_error_stages_are_a_documented_fixed_set() -> None:
+    used = set()
+    for path in (REPO_ROOT / "instrumentation").glob("*.py"):
+        used |= set(re.findall(r'\.report\(\s*"(\w+)"', path.read_text(encoding="utf-8")))
+    assert used and used <= set(STAGES)
+    meaning = _doc_rows()["llm_instrumentation_errors_total"][4]
+    for stage in STAGES:
+        assert stage in meaning, stage
