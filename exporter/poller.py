@@ -55,8 +55,7 @@ class Snapshot:
     """What one collection found; never changed after it is published."""
 
     samples: tuple[Sample, ...] = ()
-    finished_at: float | None = None  # Unix time; None before the first collection
-    sequence: int = 0  # counts collections
+    sequence: int = 0  # counts collections: a new number means new samples
 
 
 class Outcome(Enum):
@@ -123,9 +122,8 @@ class GpuJob:
         except NvmlGone as exc:
             self.reason, self.outcome = str(exc), Outcome.NVML_GONE
         finally:
-            self.elapsed = (
-                time.perf_counter() - self._started
-            )  # from the start of the wait, as the poller sees it
+            # From when the poller started waiting: a thread that started late on a busy machine was late.
+            self.elapsed = time.perf_counter() - self._started
 
 
 class Poller:
@@ -248,7 +246,7 @@ class Poller:
             overran = elapsed > self._config.interval and not self._overrun_counted
         if overran:
             self.overruns.add()
-        self.snapshot = Snapshot(tuple(samples), finished_at, self.snapshot.sequence + 1)
+        self.snapshot = Snapshot(tuple(samples), self.snapshot.sequence + 1)
         self.ready.set()
         return self.snapshot
 

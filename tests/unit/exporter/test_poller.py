@@ -291,3 +291,36 @@ def test_gpu_selection_by_index_and_uuid(make_poller: MakePoller, fake: Any) -> 
     poller.collect()
     up = {s.labels["gpu"] for s in parse_samples(render(poller)) if s.name == "gpu_up"}
     assert up == {"0", "2"}
+
+
+def test_calls_older_drivers_lack_fall_back_to_their_predecessors(
+    make_poller: MakePoller, fake: Any, monkeypatch
+) -> None:
+    fake.reset(
+        gpus=1,
+        not_supported={
+            "nvmlDeviceGetCurrentClocksEventReasons": [0],
+            "nvmlDeviceGetSupportedClocksEventReasons": [0],
+        },
+    )
+    # Pre-R535 names of the clocks-event calls, and a memory call without the v2 structure.
+    monkeypatch.setattr(fake, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda handle: 0x40, raising=False)
+    monkeypatch.setattr(
+        fake, "nvmlDeviceGetSupportedClocksThrottleReasons", lambda handle: 0x7F, raising=False
+    )
+    v2_memory = fake.nvmlDeviceGetMemoryInfo
+
+    def v1_memory(handle: Any, version: int | None = None) -> Any:
+        if version is not None:
+            raise fake.NVMLError(fake.NVML_ERROR_NOT_SUPPORTED)
+        return v2_memory(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", v1_memory)
+    poller = make_poller()
+    poller.collect()
+    poller.collect()
+    text = render(poller)
+    assert gpu_value(text, "gpu_clocks_event_active", 0, reason="hw_thermal_slowdown") == 1
+    assert len([s for s in parse_samples(text) if s.name == "gpu_clocks_event_active"]) == 7  # mask 0x7F
+    assert gpu_value(text, "gpu_memory_used_bytes", 0) == 20 * GIB + GIB // 2  # v1 counts reserved as used
+    assert gpu_value(text, "gpu_memory_reserved_bytes", 0) is None
