@@ -240,6 +240,20 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rules
 
 
+def events_above(counter: str, window: str, threshold: float, by: str | None = None) -> str:
+    """Counter ``counter`` rose by more than ``threshold`` over ``window``, optionally summed ``by``.
+
+    A counter whose label set is created at its first event (an XID code, an error kind) appears with
+    value 1, a rise that increase() cannot see; so a series that did not exist ``window`` ago counts
+    from zero, in a second branch. (When a group has both kinds, each branch is judged on its own.)
+    """
+    new = f"({counter} unless {counter} offset {window})"
+    increase = f"increase({counter}[{window}])"
+    if by is not None:
+        new, increase = f"sum by ({by}) {new}", f"sum by ({by}) ({increase})"
+    return f"{increase} > {num(threshold)}\nor\n{new} > {num(threshold)}"
+
+
 def _ratio_of_rates(numerator: str, denominator: str, window: str) -> str:
     """Per (job, instance, model): rate of ``numerator`` over rate of ``denominator``."""
     return promql(f"""
@@ -524,16 +538,9 @@ def _memory_leak(p: Params) -> list[AlertRule]:
 def _gpu_xid_error(p: Params) -> list[AlertRule]:
     xids = p.exporter("gpu_xid_errors_total", f'xid=~"{one_of(p["xids"])}"')
     window = p["window"]
-    # The exporter creates an XID's series at its first occurrence, with value 1, which increase() cannot
-    # see: a series that did not exist `window` ago is a new XID too.
-    expr = promql(f"""
-        increase({xids}[{window}]) > 0
-        or
-        ({xids} unless {xids} offset {window})
-    """)
     return [
         p.rule(
-            expr,
+            events_above(xids, window, 0),
             f"{GPU} reported XID {label('xid')}.",
             f"{GPU} reported XID {label('xid')} {VALUE} times in the last {window}. This XID means a "
             "hardware, driver or firmware fault; the GPU may need a reset or service.",
@@ -754,7 +761,7 @@ def _nvml_errors(p: Params) -> list[AlertRule]:
     window = p["window"]
     return [
         p.rule(
-            f"sum by (job, instance, call) (increase({errors}[{window}])) > {num(p['errors_above'])}",
+            events_above(errors, window, p["errors_above"], by="job, instance, call"),
             f"NVML call {label('call')} keeps failing on {label('instance')}.",
             f"NVML call {label('call')} failed {VALUE} times in the last {window} on {label('instance')} "
             f"(threshold {num(p['errors_above'])}); the series it feeds are missing.",
@@ -768,7 +775,7 @@ def _instrumentation_errors(p: Params) -> list[AlertRule]:
     window = p["window"]
     return [
         p.rule(
-            f"sum by (job, instance, stage) (increase({errors}[{window}])) > {num(p['errors_above'])}",
+            events_above(errors, window, p["errors_above"], by="job, instance, stage"),
             f"inferwatch's instrumentation fails at {label('stage')} on {label('instance')}.",
             f"The instrumentation in the serving process on {label('instance')} caught {VALUE} errors "
             f"at stage {label('stage')} in the last {window}. The model kept running, but the metrics "
