@@ -155,6 +155,7 @@ class Poller:
         self._failures_logged: set[str] = set()
 
         self._stop = threading.Event()
+        self._loop_thread: threading.Thread | None = None
         self._collection_lock = threading.Lock()
         self._collection_started: float | None = None  # monotonic; None between collections
         self._overrun_counted = False
@@ -162,12 +163,16 @@ class Poller:
     # --- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="poller", daemon=True).start()
+        self._loop_thread = threading.Thread(target=self._loop, name="poller", daemon=True)
+        self._loop_thread.start()
         threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
 
     def stop(self) -> None:
-        """Stop polling; NVML is shut down unless a GPU thread is still stuck in it."""
+        """Stop polling: let the running collection end (it is bounded by the collector timeout), then
+        shut NVML down unless a GPU thread is still stuck in it."""
         self._stop.set()
+        if self._loop_thread is not None:
+            self._loop_thread.join(self._config.timeout + 1.0)
         if self._session is not None:
             self._close_session()
 
