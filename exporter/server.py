@@ -11,6 +11,7 @@ import gzip
 import logging
 import socket
 import ssl
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -67,8 +68,12 @@ class ExporterServer(ThreadingHTTPServer):
         return sock, address
 
     def handle_error(self, request: object, client_address: object) -> None:
-        # Clients that hang up, fail the handshake or time out are routine for a server on a network.
-        log.debug("connection from %s failed", client_address, exc_info=True)
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError, ssl.SSLError)):
+            # Clients that hang up, fail the handshake or time out are routine for a server on a network.
+            log.debug("connection from %s failed: %r", client_address, error)
+        else:
+            log.error("answering %s failed", client_address, exc_info=error)
 
 
 class _Handler(BaseHTTPRequestHandler):

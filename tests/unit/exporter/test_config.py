@@ -71,6 +71,10 @@ def test_bad_values_raise_a_usage_error_naming_the_source(
     assert "\n" not in str(caught.value)
 
 
+def test_version_only() -> None:
+    assert parse_config(["--version"], {}) is None
+
+
 def test_every_option_has_its_variable_in_the_help() -> None:
     help_text = " ".join(build_parser().format_help().split())
     for option in OPTIONS:
