@@ -11,11 +11,13 @@ then wraps two methods of ``PreTrainedModel``, whose roles are the same in trans
   weights and may install a custom ``generate`` from the checkpoint: models are taken when it returns.
 
 A model is not instrumented there but at its first ``generate`` call, through a stand-in ``generate``
-on the instance (:class:`InstrumentOnFirstGenerate`): programs build a model and then move it
-(``.to("cuda")``, a dtype cast), and ``instrument()`` records the device, dtype and clock the model has
-when it is called. Only generating models (``GenerationMixin``, not encoder-decoder) are taken; their
-inner base models also pass through ``post_init`` and are skipped. Every failure here is contained and
-logged on the ``inferwatch.run`` logger: the program keeps running, uninstrumented.
+on the instance (:class:`InstrumentOnFirstGenerate`): by then the model is on the device and in the
+dtype it serves with, a checkpoint's custom ``generate`` is in place, and a model that is only built to
+be saved, converted or trained is never instrumented at all. If the program instruments a model
+itself before its first ``generate``, the stand-in only passes calls through. Only generating models
+(``GenerationMixin``, not encoder-decoder) are taken; their inner base models also pass through
+``post_init`` and are skipped. Every failure here is contained and logged on the ``inferwatch.run``
+logger: the program keeps running, uninstrumented.
 """
 
 from __future__ import annotations

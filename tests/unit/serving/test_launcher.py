@@ -205,3 +205,32 @@ def test_environment_configures_the_program(tmp_path: Path, port: int) -> None:
     )
     assert (status, stdout.split()) == (0, [str(port), "0.1,1"]), stderr
     assert f"serving metrics on http://127.0.0.1:{port}/metrics" in stderr
+
+
+def test_a_program_that_instruments_its_model_itself_is_counted_once(tmp_path: Path) -> None:
+    # The program's own instrument() (before the first generate) wins; the launcher's stand-in steps aside.
+    program = write(
+        tmp_path / "serve.py",
+        """
+        import torch
+        from inferwatch.instrumentation import instrument
+        from prometheus_client import REGISTRY, CollectorRegistry
+        from transformers import AutoModelForCausalLM, GPT2Config
+
+        model = AutoModelForCausalLM.from_config(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=99))
+        own = CollectorRegistry()
+        handle = instrument(model, model_name="own", registry=own)
+        prompt = torch.tensor([[1, 2, 3]])
+        for _ in range(2):
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
+                           min_new_tokens=4, do_sample=False, pad_token_id=0)
+        handle.flush()
+        launcher_counted = sum(s.value for family in REGISTRY.collect() for s in family.samples
+                               if s.name == "llm_requests_total")
+        print(own.get_sample_value("llm_generation_tokens_total", {"model": "own"}), launcher_counted)
+        """,
+    )
+    status, stdout, stderr = run(
+        [*INFERWATCH, "run", "--no-server", "--", sys.executable, str(program)], tmp_path
+    )
+    assert (status, stdout.split()) == (0, ["8.0", "0"]), stderr
