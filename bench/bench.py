@@ -156,32 +156,37 @@ def timed_generate(model: Any, input_ids: Any, max_new_tokens: int, clock: Devic
 
 
 def run_benchmark(
-    model: Any,
+    models: Sequence[Any],
     *,
     prompt_lens: Sequence[int],
     max_new_tokens: Sequence[int],
     repeats: int,
     warmup: int,
     on_generate: Callable[[], None] = lambda: None,
-) -> list[CaseResult]:
-    """Benchmark ``model`` (already on its device) on every (prompt length, output length) case.
-    ``on_generate`` is called after each ``generate``, warm-ups included (for a progress bar)."""
+) -> list[list[CaseResult]]:
+    """Benchmark each model (already on its device) on every (prompt length, output length) case; one
+    list of cases per model. With several models the timed runs of a case alternate between them, so a
+    drift of the machine (clocks, temperature, other load) falls on all of them alike rather than on
+    whichever ran last. ``on_generate`` is called after each ``generate``, warm-ups included."""
     import torch
 
-    device = next(model.parameters()).device
-    clock = DeviceClock(device)
-    results = []
+    devices = [next(model.parameters()).device for model in models]
+    clocks = [DeviceClock(device) for device in devices]
+    results: list[list[CaseResult]] = [[] for _ in models]
     for prompt_len in prompt_lens:
-        input_ids = torch.tensor([prompt_ids(prompt_len)], device=device)
+        inputs = [torch.tensor([prompt_ids(prompt_len)], device=device) for device in devices]
         for new_tokens in max_new_tokens:
-            for _ in range(warmup):
-                timed_generate(model, input_ids, min(WARMUP_MAX_NEW_TOKENS, new_tokens), clock)
-                on_generate()
-            case = CaseResult(prompt_len, new_tokens)
+            for model, input_ids, clock in zip(models, inputs, clocks, strict=True):
+                for _ in range(warmup):
+                    timed_generate(model, input_ids, min(WARMUP_MAX_NEW_TOKENS, new_tokens), clock)
+                    on_generate()
+            cases = [CaseResult(prompt_len, new_tokens) for _ in models]
             for _ in range(repeats):
-                case.runs.append(timed_generate(model, input_ids, new_tokens, clock))
-                on_generate()
-            results.append(case)
+                for model, input_ids, clock, case in zip(models, inputs, clocks, cases, strict=True):
+                    case.runs.append(timed_generate(model, input_ids, new_tokens, clock))
+                    on_generate()
+            for per_model, case in zip(results, cases, strict=True):
+                per_model.append(case)
     return results
 
 
@@ -285,12 +290,14 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
-def benchmark_with_progress(model: Any, label: str, args: argparse.Namespace) -> list[CaseResult]:
+def benchmark_with_progress(
+    models: Sequence[Any], label: str, args: argparse.Namespace
+) -> list[list[CaseResult]]:
     """:func:`run_benchmark` with the command-line settings in ``args`` and a progress bar."""
-    cases = len(args.prompt_lens) * len(args.max_new_tokens)
-    with progress_bar(label, cases * (args.warmup + args.repeats)) as advance:
+    generates = len(models) * len(args.prompt_lens) * len(args.max_new_tokens) * (args.warmup + args.repeats)
+    with progress_bar(label, generates) as advance:
         return run_benchmark(
-            model,
+            models,
             prompt_lens=args.prompt_lens,
             max_new_tokens=args.max_new_tokens,
             repeats=args.repeats,
@@ -368,7 +375,7 @@ def main(args: argparse.Namespace) -> int:
 
     device, dtype = resolve_device_dtype(args.device, args.dtype)
     model = load_for_benchmark(args.model, device, dtype)
-    cases = benchmark_with_progress(model, args.model, args)
+    (cases,) = benchmark_with_progress([model], args.model, args)
     if args.json:
         report = {
             "model": args.model,

@@ -5,7 +5,8 @@ without being worse. Both models are therefore measured on the same inputs:
 
 * quality: perplexity on the bundled evaluation texts (:mod:`inferwatch.bench.texts`), byte-level encoded
   with ``encode_text`` and token-weighted across texts;
-* speed: the benchmark of ``inferwatch bench`` (same prompts, same output lengths, same timing code).
+* speed: the benchmark of ``inferwatch bench`` (same prompts, same output lengths, same timing code),
+  the two models' timed runs alternating within each case so that a drifting machine favours neither.
 
 The speedup is the ratio of the median end-to-end latencies, baseline over candidate. The verdict fails,
 and the command exits 1, when the candidate's perplexity is higher than the baseline's by more than
@@ -106,16 +107,6 @@ class Side:
             "e2e_median_s": pooled_median_e2e(self.cases),
             "cases": [case.to_dict() for case in self.cases],
         }
-
-
-def measure(spec: str, model: Any, args: argparse.Namespace) -> Side:
-    """Perplexity and latency of one loaded model."""
-    return Side(
-        spec=spec,
-        environment=environment(model),
-        perplexity=perplexity(model, EVALUATION_TEXTS, args.ppl_max_tokens),
-        cases=benchmark_with_progress(model, spec, args),
-    )
 
 
 def build_report(baseline: Side, candidate: Side, args: argparse.Namespace) -> dict[str, Any]:
@@ -285,12 +276,15 @@ def main(args: argparse.Namespace) -> int:
     # Every input is checked (models found, matplotlib present) before minutes of measuring, not after.
     pyplot = import_pyplot() if args.plot else None
     device, dtype = resolve_device_dtype(args.device, args.dtype)
-    baseline_model = load_for_benchmark(args.baseline, device, dtype)
-    candidate_model = load_for_benchmark(args.candidate, device, dtype)
+    specs = (args.baseline, args.candidate)
+    models = [load_for_benchmark(spec, device, dtype) for spec in specs]
     if args.candidate_perturb:
-        perturb_weights(candidate_model, args.candidate_perturb, args.seed)
-    baseline = measure(args.baseline, baseline_model, args)
-    candidate = measure(args.candidate, candidate_model, args)
+        perturb_weights(models[1], args.candidate_perturb, args.seed)
+    timings = benchmark_with_progress(models, " vs ".join(specs), args)
+    baseline, candidate = (
+        Side(spec, environment(model), perplexity(model, EVALUATION_TEXTS, args.ppl_max_tokens), cases)
+        for spec, model, cases in zip(specs, models, timings, strict=True)
+    )
     report = build_report(baseline, candidate, args)
     if pyplot is not None:
         write_plot(pyplot, baseline, candidate, args.plot)
