@@ -36,13 +36,9 @@ from types import ModuleType
 from typing import Any
 
 from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
-from inferwatch.instrumentation.launcher import LaunchSettings
+from inferwatch.instrumentation.launcher import SERVER_PID_ENV, LaunchSettings
 
 logger = logging.getLogger("inferwatch.run")
-
-#: Set by the process that serves the metrics; the Python processes it starts inherit it and do not
-#: compete for the port (forked children do not inherit the server's thread either).
-SERVER_PID_ENV = "INFERWATCH_SERVER_PID"
 
 HOOKED_MODULE = "transformers.modeling_utils"
 
@@ -72,7 +68,8 @@ def _start_server() -> None:
     owner = os.environ.get(SERVER_PID_ENV)
     if owner and owner != str(os.getpid()):
         return
-    # Claimed before trying: when this process cannot listen, its children must not try either.
+    # Claimed before trying: when this process cannot listen, its children must not try either. (Forked
+    # children do not inherit the server's thread, and see the claim too.)
     os.environ[SERVER_PID_ENV] = str(os.getpid())
     try:
         server = start_http_server(_settings.port, _settings.address)

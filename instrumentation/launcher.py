@@ -36,6 +36,9 @@ PORT_ENV = "INFERWATCH_PORT"
 ADDRESS_ENV = "INFERWATCH_ADDR"
 SERVE_ENV = "INFERWATCH_SERVE"
 MODEL_NAME_ENV = "INFERWATCH_MODEL_NAME"
+#: Set inside the program by the process that serves the metrics; the Python processes it starts inherit
+#: it and do not compete for the port. Never passed on by the launcher: each launch serves anew.
+SERVER_PID_ENV = "INFERWATCH_SERVER_PID"
 
 #: The directory holding the launcher's ``sitecustomize.py``.
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
@@ -216,6 +219,7 @@ def child_environment(
 ) -> dict[str, str]:
     """The program's environment: ours, the settings, and the bootstrap directory first on PYTHONPATH."""
     env = {**environ, **config_env, **settings.to_env()}
+    env.pop(SERVER_PID_ENV, None)
     python_path = [str(BOOTSTRAP_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(python_path))
     return env

@@ -196,12 +196,13 @@ def test_missing_program_exits_127(tmp_path: Path) -> None:
 
 
 def test_environment_configures_the_program(tmp_path: Path, port: int) -> None:
-    # Options reach the program as the INFERWATCH_* variables its bootstrap reads.
+    # Options reach the program as the INFERWATCH_* variables its bootstrap reads. A launch from inside
+    # another launched program (whose serving marker is in the environment) still serves on its own port.
     show = "import os; print(os.environ['INFERWATCH_PORT'], os.environ['INFERWATCH_TTFT_BUCKETS'])"
     status, stdout, stderr = run(
         [*INFERWATCH, "run", "--ttft-buckets=0.1,1", "--", sys.executable, "-c", show],
         tmp_path,
-        env={"INFERWATCH_PORT": str(port)},
+        env={"INFERWATCH_PORT": str(port), "INFERWATCH_SERVER_PID": "1"},
     )
     assert (status, stdout.split()) == (0, [str(port), "0.1,1"]), stderr
     assert f"serving metrics on http://127.0.0.1:{port}/metrics" in stderr
