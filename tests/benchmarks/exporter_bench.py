@@ -8,12 +8,12 @@ One run measures, on the machine it runs on:
 * ``/metrics`` latency p50/p99 at a steady 10 scrapes/s (a new connection per scrape, like a cold
   scraper), the exporter's CPU (% of one core) while idle and while scraped, and its resident memory;
 * the same figures for an nvidia-smi-based exporter, which runs ``nvidia-smi --query-gpu=...`` on every
-  scrape: the run time of that command at 10/s is both its poll and its scrape latency, its CPU is the
-  children's CPU time, its memory the largest child's.
+  scrape: the run time of that command at 10/s is both its poll and its scrape latency, its CPU that of
+  the nvidia-smi processes (``wait4``), its memory the largest peak RSS of one of them (from /proc).
 
 ``--soak`` instead scrapes at 10/s for 10 minutes and samples the exporter's RSS every 10 s, to show that
-it stays flat. The figures print as a table; ``--json PATH`` also writes them. Usage, from the repository
-root on the GPU machine::
+it stays flat after the first minute. The figures print as a table; ``--json PATH`` also writes them.
+Usage, from the repository root on the GPU machine::
 
     python3 tests/benchmarks/exporter_bench.py --json exporter-bench.json
     python3 tests/benchmarks/exporter_bench.py --soak --json exporter-soak.json
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import socket
 import statistics
@@ -232,6 +231,18 @@ def smi_fields(smi: str) -> list[str]:
     return [field for field in SMI_FIELDS if f'"{field}"' in help_text]
 
 
+def high_water_kib(pid: int) -> int:
+    """VmHWM of a running process, in KiB; 0 once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def measure_nvidia_smi(args: argparse.Namespace) -> dict[str, Any] | str:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -239,22 +250,37 @@ def measure_nvidia_smi(args: argparse.Namespace) -> dict[str, Any] | str:
     fields = smi_fields(smi)
     cmd = [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
     latencies: list[float] = []
+    cpu_seconds: list[float] = []
+    rss_kib: list[int] = []
 
     def scrape() -> None:
         t0 = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, check=True, timeout=30)
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        peak_kib = 0
+        while True:
+            # wait4's ru_maxrss would include this Python process's RSS, inherited before exec; the
+            # high-water mark of nvidia-smi's own memory is read from /proc while it runs instead.
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            peak_kib = max(peak_kib, high_water_kib(child.pid))
+            time.sleep(0.001)
+        child.returncode = os.waitstatus_to_exitcode(status)
         latencies.append(time.perf_counter() - t0)
+        if child.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited with {child.returncode}")
+        cpu_seconds.append(usage.ru_utime + usage.ru_stime)
+        rss_kib.append(peak_kib)
 
-    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    started = time.monotonic()
     at_rate(args.rate, args.smi_duration, scrape)
-    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic() - started
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    wall = time.monotonic() - started
     return {
         "fields": len(fields),
         "scrapes": len(latencies),
         "scrape_ms": {"p50": percentile(latencies, 50) * 1e3, "p99": percentile(latencies, 99) * 1e3},
-        "cpu_percent_scraped": 100 * cpu / wall,
-        "rss_mb": after.ru_maxrss * 1024 / MIB,  # ru_maxrss is in KiB on Linux: the largest child
+        "cpu_percent_scraped": 100 * sum(cpu_seconds) / wall,
+        "rss_mb": max(rss_kib) * 1024 / MIB,
     }
 
 
@@ -279,12 +305,20 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 points.append((elapsed, running.rss() / MIB))
 
         at_rate(args.rate, args.soak_seconds, scrape)
-    xs, ys = [p[0] / 60 for p in points], [p[1] for p in points]
-    slope = statistics.linear_regression(xs, ys).slope if len(points) > 2 else 0.0
+    # The first minute is warm-up (allocator pools, first encodings); flat means no growth after it.
+    settled = [p for p in points if p[0] >= 60] or points
+    xs, ys = [p[0] / 60 for p in settled], [p[1] for p in settled]
+    slope = statistics.linear_regression(xs, ys).slope if len(settled) > 2 else 0.0
     return {
         "seconds": args.soak_seconds,
         "errors": errors,
-        "rss_mb": {"first": ys[0], "last": ys[-1], "max": max(ys), "slope_mb_per_min": slope},
+        "rss_mb": {
+            "start": points[0][1],
+            "settled": ys[0],
+            "last": ys[-1],
+            "max": max(ys),
+            "slope_mb_per_min": slope,
+        },
         "flat": ys[-1] - ys[0] < 2.0 and slope < 0.1,
         "rss_samples": [[round(x, 1), round(y, 2)] for x, y in points],
     }
@@ -386,8 +420,8 @@ def main() -> int:
         result["soak"] = soak(args)
         rss = result["soak"]["rss_mb"]
         print(
-            f"soak {args.soak_seconds:g}s at {args.rate:g} scrapes/s: RSS first {rss['first']:.1f} MB, "
-            f"last {rss['last']:.1f} MB, max {rss['max']:.1f} MB, "
+            f"soak {args.soak_seconds:g}s at {args.rate:g} scrapes/s: RSS at start {rss['start']:.1f} MB, "
+            f"after 1 min {rss['settled']:.1f} MB, last {rss['last']:.1f} MB, max {rss['max']:.1f} MB, "
             f"slope {rss['slope_mb_per_min']:+.3f} MB/min, errors {result['soak']['errors']}: "
             f"{'flat' if result['soak']['flat'] else 'NOT flat'}"
         )
