@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.cli import UsageError
+from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.exposition import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
@@ -37,7 +38,7 @@ from inferwatch.instrumentation.exposition import (
     start_http_server,
     validate_port,
 )
-from inferwatch.instrumentation.models import BOS_TOKEN_ID, BUILTIN_MODELS
+from inferwatch.instrumentation.models import BOS_TOKEN_ID, BUILTIN_MODELS, default_device
 from prometheus_client import REGISTRY, CollectorRegistry
 
 DEFAULT_MODEL = "small-llama"
@@ -251,13 +252,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _resolve_device(requested: str) -> str:
-    import torch
-
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
+    device = default_device()
+    if requested == "cuda" and device != "cuda":
         raise UsageError("--device cuda: no usable CUDA device on this machine")
-    return requested
+    return device if requested == "auto" else requested
 
 
 @contextmanager
@@ -361,6 +359,10 @@ class _Generation:
 
 def main(args: argparse.Namespace) -> int:
     _validate(args)
+    try:
+        config = InstrumentConfig.from_env()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     device = _resolve_device(args.device)
     try:
         server = start_http_server(args.port, args.addr)
@@ -369,22 +371,18 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot serve metrics on {args.addr}:{args.port}: {exc.strerror or exc}") from None
     try:
-        return _serve(args, device, server.url)
+        return _serve(args, config, device, server.url)
     finally:
         server.close()
 
 
-def _serve(args: argparse.Namespace, device: str, url: str) -> int:
-    from inferwatch.instrumentation import InstrumentConfig, instrument
+def _serve(args: argparse.Namespace, config: InstrumentConfig, device: str, url: str) -> int:
+    from inferwatch.instrumentation import instrument
     from inferwatch.instrumentation.models import load_model
 
     model_name = args.model_name or os.path.basename(os.path.normpath(args.model))
     print(f"inferwatch demo: metrics on {url}", flush=True)
     print(f"inferwatch demo: building {args.model} on {device}...", flush=True)
-    try:
-        config = InstrumentConfig.from_env()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     model = load_model(args.model, device=device, seed=args.seed)
     generation = _Generation(
         model, device, RequestStream(args.seed, tuple(args.prompt_len_range), args.max_new_tokens), args

@@ -108,6 +108,14 @@ def test_bad_arguments_exit_2(arguments: list[str], message: str, capsys: pytest
     assert message in capsys.readouterr().err
 
 
+def test_bad_instrumentation_variable_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("INFERWATCH_TTFT_BUCKETS", "0.5,0.1")
+    assert inferwatch(["demo", "--model=tiny-llama"]) == 2
+    assert "INFERWATCH_TTFT_BUCKETS='0.5,0.1'" in capsys.readouterr().err
+
+
 def test_unknown_option_exits_2(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:
         inferwatch(["demo", "--device=tpu"])
