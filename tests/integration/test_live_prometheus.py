@@ -1,0 +1,301 @@
+"""The rules and dashboards against live systems: a real Prometheus scraping a real instrumented demo and
+a real inferwatch-exporter, and a real Alertmanager routing to a webhook this test runs.
+
+* every expression of every dashboard panel (template variables substituted) and every recording rule
+  returns at least one series, and every rule evaluates without error: a typo in a metric name, a label
+  or a join fails here;
+* one alert end to end: rendered through the configuration with a tiny threshold and `for:`, driven by a
+  host-bound demo (a sleep in every decode step), delivered by Alertmanager to the webhook with its
+  labels, then resolved by a healthy demo in its place;
+* the configuration rendering refuses bad input.
+
+The machine has no GPU: the exporter runs over the fault-injecting NVML stand-in the exporter's own tests
+use (tests/unit/exporter/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
+series is real exporter output. The series docs/metrics.md marks *CUDA only* (torch's CUDA allocator)
+cannot exist on a CPU demo; expressions that read them are listed and must still parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from inferwatch.alerts.config import merge_config
+from inferwatch.alerts.render import rules_yaml
+
+from tests.integration.services import (
+    Alertmanager,
+    Prometheus,
+    RunningProcess,
+    ServiceError,
+    WebhookReceiver,
+    require_binary,
+    start_alertmanager,
+    start_demo,
+    start_exporter,
+    start_prometheus,
+    start_webhook_receiver,
+    wait_until,
+)
+from tests.support import METRICS_DOC, REPO_ROOT, free_port
+from tests.unit.alerts.promql import metric_names
+
+pytestmark = pytest.mark.integration
+
+SERVING_JOB = "llm-serving"
+EXPORTER_JOB = "inferwatch-exporter"
+MODEL = "tiny-llama"
+# What Grafana would put in place of the template variables with "All" selected.
+VARIABLES = {'"$model"': '".+"', '"$instance"': '".+"', '"$gpu"': '".+"', "$__rate_interval": "15s"}
+# Series created at their first event, which a healthy demo never has: expressions reading them must
+# parse, but cannot return data.
+EVENT_ONLY = {"llm_instrumentation_errors_total": "the instrumentation caught no error"}
+
+# The alert driven end to end, with thresholds a tiny CPU model crosses within seconds. A 50 ms sleep in
+# every decode step leaves tiny-llama's kernels busy well under 40% of the time; without it, most.
+HOST_BOUND = "InferwatchHostBound"
+HOST_BOUND_CONFIG = {"busy_ratio_below": 0.4, "for": "3s", "window": "10s", "requests_running_above": 0.5}
+STEP_SLEEP_SECONDS = 0.05
+DEMO_ENV = {
+    # Busy ratio and utilization windows of one second instead of five, so the alert moves quickly.
+    "INFERWATCH_POLL_INTERVAL_SECONDS": "1",
+    # A CPU has no NVML-reported peaks; made-up ones make the utilization series exist.
+    "INFERWATCH_PEAK_MEMORY_BANDWIDTH_BYTES_PER_SECOND": "2e10",
+    "INFERWATCH_PEAK_FLOPS": "1e11",
+}
+DEMO_ARGS = {"model": MODEL, "duration": 600.0, "max_new_tokens": 16}
+
+
+def cuda_only_metrics() -> set[str]:
+    """Metrics docs/metrics.md marks *CUDA only*."""
+    rows = re.findall(r"^\|\s*`([a-z_:]+)`\s*\|.*\*CUDA only\.\*", METRICS_DOC.read_text(), re.MULTILINE)
+    return set(rows)
+
+
+@dataclass
+class Stack:
+    """The running services, and a way to replace the demo by one that behaves differently."""
+
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    webhook: WebhookReceiver
+    exporter: tuple[RunningProcess, str]
+    demo_port: int
+    workdir: Path
+    demos: ExitStack
+
+    def replace_demo(self, step_sleep: float) -> None:
+        """Stop the demo and start another on the same port (the same scrape target)."""
+        self.demos.close()
+        self.demos.enter_context(
+            start_demo(self.demo_port, **DEMO_ARGS, step_sleep=step_sleep, env=DEMO_ENV, workdir=self.workdir)
+        )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("live")
+    rules = workdir / "rules.yaml"
+    rules.write_text(rules_yaml(merge_config({"alerts": {HOST_BOUND: HOST_BOUND_CONFIG}})))
+    fake_nvml = {
+        "INFERWATCH_EXPORTER_NVML_MODULE": "tests.unit.exporter.fake_nvml",
+        "FAKE_NVML_SCENARIO": json.dumps({"gpus": 2, "processes": {"0": [[4242, 1 << 30]]}}),
+        "FAKE_NVML_CONTROL": str(workdir / "nvml-control.jsonl"),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    demo_port = free_port()
+    with ExitStack() as services, ExitStack() as demos:
+        webhook = services.enter_context(start_webhook_receiver())
+        alertmanager = services.enter_context(
+            start_alertmanager(webhook.url, workdir=workdir / "alertmanager")
+        )
+        demo, demo_address = demos.enter_context(
+            start_demo(demo_port, **DEMO_ARGS, step_sleep=STEP_SLEEP_SECONDS, env=DEMO_ENV, workdir=workdir)
+        )
+        pid_file = workdir / "demo.pid"
+        pid_file.write_text(str(demo.popen.pid))
+        exporter = services.enter_context(
+            start_exporter(
+                extra_args=[
+                    "--collector.interval=500ms",
+                    "--collector.pcie-throughput",
+                    f"--processes.pid-file={pid_file}",
+                ],
+                env=fake_nvml,
+                workdir=workdir,
+            )
+        )
+        # One XID event, so that the XID series exists (the exporter creates it at the first event).
+        (workdir / "nvml-control.jsonl").write_text(json.dumps({"op": "xid", "gpu": 0, "xid": 79}) + "\n")
+        prometheus = services.enter_context(
+            start_prometheus(
+                {SERVING_JOB: [demo_address], EXPORTER_JOB: [exporter[1]]},
+                [rules],
+                alertmanager=alertmanager.address,
+                workdir=workdir / "prometheus",
+            )
+        )
+        prometheus.wait_for_targets_up(60)
+        yield Stack(prometheus, alertmanager, webhook, exporter, demo_port, workdir, demos)
+
+
+def substitute(expr: str) -> str:
+    for variable, value in VARIABLES.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, expr
+    return expr
+
+
+def dashboard_expressions() -> list[tuple[str, str]]:
+    found = []
+    for path in sorted((REPO_ROOT / "dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                found.append((f"{path.name}: {panel['title']}", substitute(target["expr"])))
+    return found
+
+
+def cannot_have_data(expr: str) -> str | None:
+    """Why ``expr`` cannot return data on this machine, or None when it must."""
+    names = metric_names(expr)
+    cuda = names & cuda_only_metrics()
+    if cuda:
+        return f"CUDA only: {', '.join(sorted(cuda))}"
+    events = {name for name in names if name in EVENT_ONLY}
+    if events:
+        return "; ".join(EVENT_ONLY[name] for name in sorted(events))
+    return None
+
+
+def wait_for_data(prometheus: Prometheus, expressions: list[tuple[str, str]]) -> list[str]:
+    """Poll until every expression that can have data returns a series; return those that never did."""
+    pending = {expr: where for where, expr in expressions if cannot_have_data(expr) is None}
+
+    def all_answered() -> bool:
+        for expr in list(pending):
+            if prometheus.query(expr):
+                del pending[expr]
+        return not pending
+
+    try:
+        wait_until(all_answered, 90, "every expression to return data", interval=1.0)
+    except ServiceError:
+        return [f"{where}: {expr}" for expr, where in pending.items()]
+    return []
+
+
+def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
+    expressions = dashboard_expressions()
+    assert len(expressions) > 50
+    assert wait_for_data(stack.prometheus, expressions) == []
+    excused = [(where, reason) for where, expr in expressions if (reason := cannot_have_data(expr))]
+    for _, expr in expressions:
+        stack.prometheus.query(expr)  # parses and evaluates (raises PromQLError otherwise)
+    # Only what docs/metrics.md calls CUDA-only, and the instrumentation's error counter, are excused.
+    assert {where for where, _ in excused} == {
+        "inferwatch-overview.json: Allocator memory",
+        "inferwatch-diagnosis.json: Allocator memory",
+        "inferwatch-diagnosis.json: Allocator retries and OOMs",
+        "inferwatch-diagnosis.json: NVML and instrumentation errors",
+    }, excused
+
+
+def test_dashboard_variables_find_values(stack: Stack) -> None:
+    for path in sorted((REPO_ROOT / "dashboards").glob("*.json")):
+        for variable in json.loads(path.read_text())["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"])
+            assert match, variable["query"]
+            series = stack.prometheus.wait_for_series(substitute(match[1]))
+            assert all(match[2] in s["metric"] for s in series), (path.name, variable["name"])
+
+
+def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack: Stack) -> None:
+    groups = stack.prometheus.rule_groups()
+    recorded = sorted({rule["name"] for g in groups for rule in g["rules"] if rule["type"] == "recording"})
+    assert len(recorded) >= 5
+    assert wait_for_data(stack.prometheus, [("recording rule", name) for name in recorded]) == []
+
+    def every_rule_evaluated() -> bool:
+        return all(rule["health"] == "ok" for g in stack.prometheus.rule_groups() for rule in g["rules"])
+
+    wait_until(every_rule_evaluated, 30, "every rule to evaluate")
+    for group in stack.prometheus.rule_groups():
+        for rule in group["rules"]:
+            assert rule["health"] == "ok" and not rule.get("lastError"), (rule["name"], rule.get("lastError"))
+
+
+def _notification_alert(stack: Stack, status: str) -> dict[str, Any]:
+    return stack.webhook.wait_for_alert(HOST_BOUND, status, timeout=90)
+
+
+def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) -> None:
+    firing = _notification_alert(stack, "firing")
+    assert firing["labels"] == {
+        "alertname": HOST_BOUND,
+        "severity": "warning",
+        "job": SERVING_JOB,
+        "instance": f"127.0.0.1:{stack.demo_port}",
+        "model": MODEL,
+        "device": "cpu",
+    }
+    assert firing["annotations"]["runbook_url"].endswith("#inferwatchhostbound")
+    assert f"model {MODEL} on 127.0.0.1:{stack.demo_port}" in firing["annotations"]["summary"]
+    assert "threshold 40%" in firing["annotations"]["description"]
+
+    stack.replace_demo(step_sleep=0.0)
+    resolved = _notification_alert(stack, "resolved")
+    assert resolved["labels"] == firing["labels"]
+    # The healthy demo in its place keeps its device busy above the threshold, and after longer than the
+    # alert's window and `for:` the alert is neither pending nor firing.
+    busy = f'llm_gpu_busy_ratio{{job="{SERVING_JOB}", model="{MODEL}"}}'
+    stack.prometheus.wait_for_series(f"min_over_time({busy}[15s]) >= 0.4 and {busy} offset 15s")
+    assert not stack.prometheus.query(f'ALERTS{{alertname="{HOST_BOUND}"}}')
+    notifications = [
+        a["status"] for n in stack.webhook.received() for a in n["alerts"] if a["labels"] == firing["labels"]
+    ]
+    assert notifications[-1] == "resolved", notifications
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"alerts": {HOST_BOUND: {"busy_ratio": 0.4}}},
+            "unknown key 'alerts.InferwatchHostBound.busy_ratio'",
+        ),
+        (
+            {"alerts": {HOST_BOUND: {"busy_ratio_below": -0.4}}},
+            "'alerts.InferwatchHostBound.busy_ratio_below' must not be negative",
+        ),
+    ],
+)
+def test_rendering_refuses_bad_configuration(tmp_path: Path, config: dict[str, Any], message: str) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [
+            require_binary("inferwatch"),
+            "alerts",
+            "render",
+            "--config",
+            str(path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
