@@ -14,6 +14,8 @@ TEMPERATURE_THRESHOLD = gpu_gauge(
 )
 
 _NVML_TEMPERATURE_GPU = 0
+# nvmlDeviceGetTemperature is deprecated (to go with CUDA 14); older drivers have only it.
+_TEMPERATURE_CALLS = ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature")
 _NVML_FI_DEV_MEMORY_TEMP = 82
 # nvmlTemperatureThresholds_t
 _THRESHOLDS = (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))
@@ -23,7 +25,7 @@ class ThermalCollector:
     name = "thermal"
 
     def collect(self, gpu: GpuContext) -> None:
-        die = gpu.read("nvmlDeviceGetTemperature", _NVML_TEMPERATURE_GPU)
+        die = gpu.read_first(_TEMPERATURE_CALLS, _NVML_TEMPERATURE_GPU)
         if die is not None:
             gpu.emit(TEMPERATURE, die, "gpu")
         memory = gpu.read_fields([_NVML_FI_DEV_MEMORY_TEMP]).get(_NVML_FI_DEV_MEMORY_TEMP)
