@@ -17,6 +17,7 @@ import contextvars
 import functools
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -314,7 +315,7 @@ class ModelInstrumentation:
             if tensor is not None and tensor.device != placement.device:
                 self.follow()
                 placement = self.placement
-            self._local.start = (placement, placement.clock.mark())
+            self._local.start = (placement, placement.clock.mark(), time.perf_counter())
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
@@ -327,9 +328,9 @@ class ModelInstrumentation:
             series.heartbeat()
             if started is None:  # installed while this forward was running
                 return
-            placement, start = started
+            placement, start, start_host = started
             clock = placement.clock
-            end = clock.mark()
+            end, end_host = clock.mark(), time.perf_counter()
             batch, new_tokens = _input_shape(args, kwargs)
             if batch:
                 series.batch_size.observe(batch)
@@ -351,7 +352,7 @@ class ModelInstrumentation:
             else:
                 work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
             tokens = 1 if request is not None and request.owner is self else 0
-            step = Step(series, placement.label, phase, start, end, tokens, work)
+            step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host)
             if request is None:
                 loose = LooseForward(clock, step)
                 if not loose.complete():

@@ -24,7 +24,7 @@ RESOLVE_DEADLINE_SECONDS = 120.0
 class Step:
     """One forward pass (``phase`` set) and/or the tokens that became available when it ended."""
 
-    __slots__ = ("device", "end", "phase", "series", "start", "tokens", "work")
+    __slots__ = ("device", "end", "end_host", "phase", "series", "start", "start_host", "tokens", "work")
 
     def __init__(
         self,
@@ -35,6 +35,8 @@ class Step:
         end: Any,
         tokens: int,
         work: float,
+        start_host: float | None,
+        end_host: float,
     ) -> None:
         self.series = series  # the series of the model whose forward this is
         self.device = device
@@ -43,6 +45,10 @@ class Step:
         self.end = end
         self.tokens = tokens  # tokens per sequence that were ready at `end`
         self.work = work  # decode: bytes the step read; prefill: FLOPs it computed
+        # perf_counter when the marks were recorded: the device cannot reach a mark before the host
+        # enqueued it, a bound Request uses to check its anchor.
+        self.start_host = start_host
+        self.end_host = end_host
 
     def account_forward(self, clock: Clock) -> float:
         """Observe the forward's device time; return it."""
@@ -71,6 +77,7 @@ class Request:
         self.forwards = 0  # forwards recorded so far (the first is the prefill)
         self._pending: collections.deque[Step] = collections.deque()
         self._first_forward_start: float | None = None
+        self._anchor_lag = 0.0
         self._first_token: float | None = None
         self._last_token: float | None = None
         self._token_steps = 0
@@ -117,13 +124,32 @@ class Request:
             self._resolve(step)
         return True
 
+    def _anchor_lag_bound(self, step: Step) -> float:
+        """How late the anchor must have been for ``step``'s marks not to map before they were recorded.
+
+        The anchor event completes "at once" only if the device starts work at once; a GPU coming out of
+        idle was measured (docs/timing.md) to take a few hundred µs to run it, which would place every
+        later mark that much too early. No mark completes before the host enqueued it, so a mark that
+        maps earlier than its recording proves the anchor late by at least the difference.
+        """
+        clock, anchor = self.clock, self.anchor
+        lag = step.end_host - clock.host_time(anchor, step.end)
+        if step.start is not None and step.start_host is not None:
+            lag = max(lag, step.start_host - clock.host_time(anchor, step.start))
+        return max(lag, 0.0)
+
     def _resolve(self, step: Step) -> None:
         clock = self.clock
-        end = clock.host_time(self.anchor, step.end)
+        if self._first_token is None and step.tokens:
+            # Fixed at the first token, so later gaps (differences of marks) stay exact.
+            self._anchor_lag = max(self._anchor_lag, self._anchor_lag_bound(step))
+        end = clock.host_time(self.anchor, step.end) + self._anchor_lag
         if step.phase is not None:
             seconds = step.account_forward(clock)
             if self._first_forward_start is None:
-                self._first_forward_start = end - seconds
+                # The prefill starts when the host calls the forward (the ground truth's view); the
+                # device may begin later, which is part of the time the request waits for it.
+                self._first_forward_start = end - seconds if step.start_host is None else step.start_host
             clock.release(step.start)
         if step.tokens:
             series = self.series

@@ -15,6 +15,7 @@ Leaving the block records the outcome: ok, or error / oom when an exception esca
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 
 import torch
@@ -72,7 +73,8 @@ class RequestTracker:
         try:
             self._series.heartbeat()
             request.count_tokens(k)
-            request.add(Step(self._series, self._device_label, None, None, self._clock.mark(), k, 0.0))
+            end, end_host = self._clock.mark(), time.perf_counter()
+            request.add(Step(self._series, self._device_label, None, None, end, k, 0.0, None, end_host))
         except Exception as exc:
             self._errors.report("track", exc)
 
