@@ -182,9 +182,9 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["small-llama", "llama-1b"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--sync-tokens", type=int, default=32, help="decode steps of the sync count")
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the rows and environment to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
