@@ -237,9 +237,11 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N,N,...",
         help=f"output lengths in tokens (default {','.join(map(str, DEFAULT_MAX_NEW_TOKENS))})",
     )
-    parser.add_argument("--repeats", type=_int_at_least(1), default=5, help="timed runs per case (default 5)")
     parser.add_argument(
-        "--warmup", type=_int_at_least(0), default=2, help="untimed runs per case (default 2)"
+        "--repeats", type=_int_at_least(1), default=5, metavar="N", help="timed runs per case (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=_int_at_least(0), default=2, metavar="N", help="untimed runs per case (default 2)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
 

@@ -119,25 +119,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=parse_duration,
         default=parse_duration("10m"),
+        metavar="DURATION",
         help="--prometheus: look back this far (default 10m)",
     )
     parser.add_argument(
-        "--step", type=parse_duration, help="--prometheus: resolution of the series (default: window / 30)"
+        "--step",
+        type=parse_duration,
+        metavar="DURATION",
+        help="--prometheus: resolution of the series (default: window / 30, at least 1s)",
     )
     parser.add_argument(
         "--rate-window",
         type=parse_duration,
         default=parse_duration("1m"),
+        metavar="DURATION",
         help="--prometheus: range of rate(); at least twice the scrape interval (default 1m)",
     )
     parser.add_argument(
-        "--samples", type=int, default=6, help="--endpoint: scrapes to take (default 6; at least 2)"
+        "--samples",
+        type=int,
+        default=6,
+        metavar="N",
+        help="--endpoint: scrapes to take (default 6; at least 2)",
     )
     parser.add_argument(
-        "--interval", type=float, default=2.0, help="--endpoint: seconds between scrapes (default 2)"
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="--endpoint: time between scrapes (default 2)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for an answer (default 10)"
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time to wait for an answer (default 10)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 

@@ -55,18 +55,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"metrics endpoints: host:port or URLs (default {SERVING_DEFAULT_URL} {EXPORTER_DEFAULT_URL})",
     )
     parser.add_argument(
-        "--interval", type=_positive, default=2.0, help="seconds between refreshes (default 2)"
+        "--interval",
+        type=_positive,
+        default=2.0,
+        metavar="SECONDS",
+        help="time between refreshes (default 2)",
     )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument(
         "--window",
         type=_positive,
         default=2.0,
-        help="--once: seconds between the two scrapes that rates and percentiles come from (default 2)",
+        metavar="SECONDS",
+        help="--once: time between the two scrapes that rates and percentiles come from (default 2)",
     )
     parser.add_argument("--json", action="store_true", help="--once: print the frame as JSON")
     parser.add_argument(
-        "--timeout", type=_positive, default=2.0, help="seconds to wait for a scrape (default 2)"
+        "--timeout", type=_positive, default=2.0, metavar="SECONDS", help="time a scrape may take (default 2)"
     )
 
 
