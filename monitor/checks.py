@@ -561,7 +561,7 @@ def _thirds(points: Sequence[tuple[float, float]] | None) -> str:
 def check_bound(source: Source) -> list[Finding]:
     bandwidth, flops = source.series(BANDWIDTH_UTIL), source.series(FLOPS_UTIL)
     if not (bandwidth or flops):
-        raise NotAssessed("no bandwidth or FLOP/s utilization series (they need a CUDA device)")
+        raise NotAssessed("no bandwidth or FLOP/s utilization series: they need a CUDA device")
     findings = []
     for group, points in bandwidth.items():
         mean = statistics.fmean(values(points))
