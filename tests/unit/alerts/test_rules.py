@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -184,3 +185,28 @@ def test_render_merges_a_config_file_and_refuses_bad_ones(
         "'alerts.InferwatchEngineStalled.stall_seconds_above' must not be negative" in capsys.readouterr().err
     )
     assert not (tmp_path / "bad").exists()
+
+
+def _runbook_sections() -> dict[str, str]:
+    sections = re.split(r"^## ", RUNBOOKS.read_text(), flags=re.MULTILINE)[1:]
+    return {section.split("\n", 1)[0].strip(): section for section in sections}
+
+
+def test_every_alert_has_a_complete_runbook_section() -> None:
+    sections = _runbook_sections()
+    for name in ALERTS:
+        assert name in sections, name
+        for part in ("**Meaning.**", "**Confirm.**", "**Act.**"):
+            assert part in sections[name], (name, part)
+
+
+def test_the_panels_runbooks_cite_exist() -> None:
+    titles: dict[str, set[str]] = {}
+    for path in (REPO_ROOT / "dashboards").glob("*.json"):
+        dashboard = json.loads(path.read_text())
+        name = dashboard["title"].removeprefix("inferwatch / ")
+        titles[name] = {panel["title"] for panel in dashboard["panels"] if panel["type"] != "row"}
+    cited = re.findall(r"\*\*([A-Z][\w ]+?) ›\s+([^*]+?)\*\*", RUNBOOKS.read_text())
+    assert len(cited) > 40
+    for dashboard, panel in cited:
+        assert " ".join(panel.split()) in titles[dashboard], (dashboard, panel)
