@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Mapping
-from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +57,12 @@ def render_to(out_dir: Path, config_path: Path | None = None) -> Path:
     return target
 
 
-def bundled() -> Traversable:
-    """The installed alerts package directory (rules.yaml, config.yaml, tests/)."""
-    return importlib.resources.files(__package__)
-
-
 def bundled_files() -> dict[str, str]:
-    """Relative path -> text of every file ``inferwatch alerts export`` writes."""
-    root = bundled()
-    files = {RULES_FILE: root.joinpath(RULES_FILE), CONFIG_FILE: root.joinpath(CONFIG_FILE)}
-    tests = root.joinpath(TESTS_DIR)
-    for entry in sorted(tests.iterdir(), key=lambda e: e.name):
+    """Relative path -> text of every file ``inferwatch alerts export`` writes: the rules, the default
+    configuration and the promtool tests, as installed with the package."""
+    root = importlib.resources.files(__package__)
+    files = {RULES_FILE: root / RULES_FILE, CONFIG_FILE: root / CONFIG_FILE}
+    for entry in sorted((root / TESTS_DIR).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             files[f"{TESTS_DIR}/{entry.name}"] = entry
     return {name: entry.read_text(encoding="utf-8") for name, entry in files.items()}

@@ -210,3 +210,8 @@ def test_the_panels_runbooks_cite_exist() -> None:
     assert len(cited) > 40
     for dashboard, panel in cited:
         assert " ".join(panel.split()) in titles[dashboard], (dashboard, panel)
+
+
+def test_docs_alerts_lists_every_alert() -> None:
+    table = (REPO_ROOT / "docs" / "alerts.md").read_text()
+    assert [name for name in ALERTS if f"| `{name}` |" not in table] == []
