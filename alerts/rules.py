@@ -34,9 +34,6 @@ GROUP_RECORDING = "inferwatch-recording"
 TTFT = "llm_time_to_first_token_seconds"
 ITL = "llm_inter_token_latency_seconds"
 E2E = "llm_e2e_request_latency_seconds"
-# The fluctuation alert takes the CoV of per-minute means: a minute holds enough tokens to average out
-# single slow gaps, and a 15m window holds enough minutes for a standard deviation.
-MEAN_WINDOW = "1m"
 # The SLO alerts and the histogram each one reads.
 SLO_HISTOGRAMS = {
     "InferwatchTimeToFirstTokenBudgetBurn": TTFT,
@@ -209,11 +206,12 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "labels": {"quantile": num(quantile)},
                 }
             )
+    mean_window = config["alerts"]["InferwatchLatencyFluctuation"]["mean_window"]
     rules.append(
         {
-            "record": mean_record(ITL, MEAN_WINDOW),
+            "record": mean_record(ITL, mean_window),
             "expr": _ratio_of_rates(
-                _selector(f"{ITL}_sum", serving, ()), _selector(f"{ITL}_count", serving, ()), MEAN_WINDOW
+                _selector(f"{ITL}_sum", serving, ()), _selector(f"{ITL}_count", serving, ()), mean_window
             ),
         }
     )
@@ -349,7 +347,7 @@ def _gpu_temperature_near_slowdown(p: Params) -> list[AlertRule]:
 
 @alert("InferwatchLatencyFluctuation", GROUP_LATENCY)
 def _latency_fluctuation(p: Params) -> list[AlertRule]:
-    mean = mean_record(ITL, MEAN_WINDOW)
+    mean = mean_record(ITL, p["mean_window"])
     window = p["window"]
     tokens = p.serving(f"{ITL}_count")
     expr = promql(f"""
@@ -365,8 +363,8 @@ def _latency_fluctuation(p: Params) -> list[AlertRule]:
         p.rule(
             expr,
             f"Inter-token latency of {MODEL} fluctuates by {VALUE_PERCENT}.",
-            f"The per-minute mean inter-token latency of {MODEL} varied with a coefficient of variation "
-            f"of {VALUE_PERCENT} over the last {window} (threshold "
+            f"The mean inter-token latency of {MODEL} per {p['mean_window']} varied with a coefficient of "
+            f"variation of {VALUE_PERCENT} over the last {window} (threshold "
             f"{num(p['coefficient_of_variation_above'] * 100)}%), for more than {p['for']}. The same "
             "workload should run at a steady speed: look for throttled clocks, other processes on the "
             "GPU or CPU, and a CPU-bound input pipeline.",

@@ -131,8 +131,8 @@ def latency_fluctuation() -> PanelSpec:
     return PanelSpec(
         "Inter-token latency fluctuation",
         f"Coefficient of variation (standard deviation / mean) over {window} of the mean inter-token "
-        f"latency: what InferwatchLatencyFluctuation watches (with per-minute means). The same workload "
-        f"should stay under {settings['coefficient_of_variation_above']:.0%}.",
+        f"latency: what InferwatchLatencyFluctuation watches (with means per {settings['mean_window']}). "
+        f"The same workload should stay under {settings['coefficient_of_variation_above']:.0%}.",
         "percentunit",
         above(settings["coefficient_of_variation_above"]),
         [
