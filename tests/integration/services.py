@@ -310,11 +310,14 @@ class WebhookReceiver:
         with self._lock:
             self.notifications.append(payload)
 
-    def wait_for_alert(self, alertname: str, status: str, timeout: float = 60.0) -> dict[str, Any]:
-        """The first alert named ``alertname`` received with ``status`` (``firing``/``resolved``)."""
+    def wait_for_alert(
+        self, alertname: str, status: str, timeout: float = 60.0, *, since: int = 0
+    ) -> dict[str, Any]:
+        """The first alert named ``alertname`` received with ``status`` (``firing``/``resolved``), in
+        the payloads from index ``since`` on (``len(received())`` before an action: only what followed)."""
 
         def find() -> dict[str, Any] | None:
-            for payload in self.received():
+            for payload in self.received()[since:]:
                 for alert in payload.get("alerts", []):
                     if alert["labels"].get("alertname") == alertname and alert["status"] == status:
                         return alert

@@ -234,12 +234,8 @@ def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack: Stack
             assert rule["health"] == "ok" and not rule.get("lastError"), (rule["name"], rule.get("lastError"))
 
 
-def _notification_alert(stack: Stack, status: str) -> dict[str, Any]:
-    return stack.webhook.wait_for_alert(HOST_BOUND, status, timeout=90)
-
-
 def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) -> None:
-    firing = _notification_alert(stack, "firing")
+    firing = stack.webhook.wait_for_alert(HOST_BOUND, "firing", timeout=90)
     assert firing["labels"] == {
         "alertname": HOST_BOUND,
         "severity": "warning",
@@ -252,8 +248,9 @@ def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) 
     assert f"model {MODEL} on 127.0.0.1:{stack.demo_port}" in firing["annotations"]["summary"]
     assert "threshold 40%" in firing["annotations"]["description"]
 
+    before = len(stack.webhook.received())
     stack.replace_demo(step_sleep=0.0)
-    resolved = _notification_alert(stack, "resolved")
+    resolved = stack.webhook.wait_for_alert(HOST_BOUND, "resolved", timeout=90, since=before)
     assert resolved["labels"] == firing["labels"]
     # The healthy demo in its place keeps its device busy above the threshold, and after longer than the
     # alert's window and `for:` the alert is neither pending nor firing.
