@@ -1,0 +1,117 @@
+"""Where inferwatch's time goes per step: wall time of each hook and helper, per call, on a real model.
+
+Wraps the hook methods of the instrumentation (class attributes, before ``instrument()`` binds them) with
+``perf_counter`` accumulators, runs instrumented ``generate`` calls, and prints the mean cost per call;
+then interleaves plain and instrumented runs for the end-to-end ratio, and prints a cProfile of one
+instrumented ``generate`` restricted to inferwatch's and torch.cuda's functions.
+
+    python tests/benchmarks/hook_cost.py [--model small-llama] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from inferwatch.instrumentation import hooks, instrument, request
+from inferwatch.instrumentation.models import build_model
+from prometheus_client import CollectorRegistry
+
+COSTS: dict[str, list[float]] = collections.defaultdict(list)
+TIMED = [
+    (hooks.ModelInstrumentation, "_forward_pre"),
+    (hooks.ModelInstrumentation, "_forward_post"),
+    (hooks.ModelInstrumentation, "_begin"),
+    (hooks.ModelInstrumentation, "_succeed"),
+    (hooks.ModelInstrumentation, "_token_counts"),
+    (request.Request, "drain"),
+    (request.Request, "_resolve"),
+]
+
+
+def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            COSTS[name].append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def run(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> float:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="small-llama")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.device == "cuda" else None
+    model = build_model(args.model, device=args.device, dtype=dtype)
+    ids = torch.randint(0, 256, (1, 128), device=args.device)
+    run(model, ids, 8)
+
+    plain, watched = [], []
+    for _ in range(args.repeats):
+        plain.append(run(model, ids, args.new_tokens))
+        handle = instrument(model, model_name="m", registry=CollectorRegistry())
+        run(model, ids, 4)
+        watched.append(run(model, ids, args.new_tokens))
+        handle.remove()
+    ratio = statistics.median(plain) / statistics.median(watched)
+    per_step = (statistics.median(watched) - statistics.median(plain)) / args.new_tokens
+    print(f"# {args.model} on {args.device}: instrumented at {ratio:.2%} of plain speed")
+    plain_step = statistics.median(plain) / args.new_tokens
+    print(f"# added per step: {per_step * 1e6:.1f} µs (plain step {plain_step * 1e3:.3f} ms)")
+
+    originals = [(owner, name, getattr(owner, name)) for owner, name in TIMED]
+    for owner, name, original in originals:
+        setattr(owner, name, timed(f"{owner.__name__}.{name}", original))
+    handle = instrument(model, model_name="m", registry=CollectorRegistry())
+    for _ in range(args.repeats):
+        run(model, ids, args.new_tokens)
+    handle.flush()
+    print("\n| function | calls | mean µs | max µs |\n|---|---|---|---|")
+    for name, costs in COSTS.items():
+        print(f"| {name} | {len(costs)} | {statistics.mean(costs) * 1e6:.1f} | {max(costs) * 1e6:.1f} |")
+
+    profile = cProfile.Profile()
+    profile.enable()
+    run(model, ids, args.new_tokens)
+    profile.disable()
+    handle.remove()
+    for owner, name, original in originals:
+        setattr(owner, name, original)
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(r"instrumentation|cuda|prometheus", 30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
