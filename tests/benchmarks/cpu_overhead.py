@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
+import os
 import platform
 import sys
 import time
@@ -141,6 +143,7 @@ def main() -> int:
     parser.add_argument("--json", help="also write the figures and environment to this file")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()  # the machine's other work, the main source of noise here
     torch.set_num_threads(args.threads)
     model = build_model(args.model, device="cpu")
     ids = torch.randint(0, 256, (1, args.prompt_len), generator=torch.Generator().manual_seed(0))
@@ -168,8 +171,20 @@ def main() -> int:
             for _ in range(args.repeats // 5 + 1)
         ]
     )
-    env: dict[str, Any] = {**environment(), "cpu": cpu_model(), "torch_threads": args.threads}
-    print(f"{env['date']}  {env['cpu']}  torch {env['torch']}  transformers {env['transformers']}")
+    env: dict[str, Any] = {
+        **environment(),
+        "prometheus_client": importlib.metadata.version("prometheus-client"),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_average_before_after": (load_before[0], os.getloadavg()[0]),
+        "torch_threads": args.threads,
+    }
+    print(
+        f"{env['date']}  {env['cpu']} x {env['cpus']} (load {load_before[0]:.1f} -> "
+        f"{os.getloadavg()[0]:.1f})  "
+        f"python {env['python']}  torch {env['torch']}  transformers {env['transformers']}  "
+        f"prometheus_client {env['prometheus_client']}"
+    )
     print(
         f"{args.model}: {args.threads} thread(s), prompt {args.prompt_len}, {args.new_tokens} new tokens, "
         f"{args.repeats} interleaved repetitions"
