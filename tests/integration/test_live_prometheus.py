@@ -2,8 +2,8 @@
 a real inferwatch-exporter, and a real Alertmanager routing to a webhook this test runs.
 
 * every expression of every dashboard panel (template variables substituted) and every recording rule
-  returns at least one series, and every rule evaluates without error: a typo in a metric name, a label
-  or a join fails here;
+  returns at least one series, every rule evaluates without error, and every selector of every alert
+  finds series: a typo in a metric name, a label value or a join fails here;
 * one alert end to end: rendered through the configuration with a tiny threshold and `for:`, driven by a
   host-bound demo (a sleep in every decode step), delivered by Alertmanager to the webhook with its
   labels, then resolved by a healthy demo in its place;
@@ -133,8 +133,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 workdir=workdir,
             )
         )
-        # One XID event, so that the XID series exists (the exporter creates it at the first event).
-        (workdir / "nvml-control.jsonl").write_text(json.dumps({"op": "xid", "gpu": 0, "xid": 79}) + "\n")
+        # One XID event and one NVML call hanging for a moment, so that the XID and NVML-error series
+        # exist (the exporter creates each at its first event).
+        faults = [
+            {"op": "xid", "gpu": 0, "xid": 79},
+            {"op": "hang", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "seconds": 2},
+        ]
+        (workdir / "nvml-control.jsonl").write_text("".join(json.dumps(f) + "\n" for f in faults))
         prometheus = services.enter_context(
             start_prometheus(
                 {SERVING_JOB: [demo_address], EXPORTER_JOB: [exporter[1]]},
@@ -232,6 +237,18 @@ def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack: Stack
     for group in stack.prometheus.rule_groups():
         for rule in group["rules"]:
             assert rule["health"] == "ok" and not rule.get("lastError"), (rule["name"], rule.get("lastError"))
+
+
+def test_every_series_the_alerts_select_exists(stack: Stack) -> None:
+    """Label values are right too: each selector of each alert, as written, finds series (a misspelt
+    ``reason`` or ``clock`` would make an alert that can never fire)."""
+    selectors = set()
+    for group in stack.prometheus.rule_groups():
+        for rule in group["rules"]:
+            if rule["type"] == "alerting":
+                selectors |= set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}", rule["query"]))
+    missing = [s for s in sorted(selectors) if cannot_have_data(s) is None and not stack.prometheus.query(s)]
+    assert missing == []
 
 
 def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) -> None:
