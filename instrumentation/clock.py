@@ -59,20 +59,24 @@ class _Immediate:
 
 
 class _PinnedCopy:
-    """An asynchronous device-to-host copy into pinned memory, complete when its event is."""
+    """An asynchronous device-to-host copy into pinned memory, complete when its event is.
 
-    __slots__ = ("_event", "_host")
+    The event comes from the clock's pool (creating one is a driver call) and goes back when the value
+    is read, which is why :meth:`value` is called once."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    __slots__ = ("_clock", "_event", "_host")
+
+    def __init__(self, tensor: torch.Tensor, clock: CudaClock) -> None:
         self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         self._host.copy_(tensor, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record(torch.cuda.current_stream(tensor.device))
+        self._clock = clock
+        self._event = clock.mark()
 
     def ready(self) -> bool:
         return self._event.query()
 
     def value(self) -> list[int]:
+        self._clock.release(self._event)
         return self._host.tolist()  # a host tensor: no device access
 
 
@@ -132,6 +136,8 @@ class CudaClock:
         # Events are reused once resolved: creating one is a driver call we keep off the hot path.
         self._pool: collections.deque[torch.cuda.Event] = collections.deque()
         self._side_stream: torch.cuda.Stream | None = None
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._streams: dict[int, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
 
     def _event(self) -> torch.cuda.Event:
@@ -155,9 +161,19 @@ class CudaClock:
         event.record(self._anchor_stream())
         return Anchor(time.perf_counter(), event)
 
+    def _current_stream(self) -> torch.cuda.Stream:
+        # torch.cuda.current_stream() builds a new Stream object through several Python layers on every
+        # call, the largest part of a mark's cost (hook_cost.py on the H200). The raw handle is one C call;
+        # the Stream object for a handle never changes, so it is built once.
+        raw = torch._C._cuda_getCurrentRawStream(self._index)
+        stream = self._streams.get(raw)
+        if stream is None:
+            stream = self._streams[raw] = torch.cuda.current_stream(self.device)
+        return stream
+
     def mark(self) -> torch.cuda.Event:
         event = self._event()
-        event.record(torch.cuda.current_stream(self.device))
+        event.record(self._current_stream())
         return event
 
     def ready(self, mark: torch.cuda.Event) -> bool:
@@ -175,7 +191,7 @@ class CudaClock:
             self._pool.append(event)
 
     def fetch(self, tensor: torch.Tensor) -> Fetched:
-        return _PinnedCopy(tensor)
+        return _PinnedCopy(tensor, self)
 
 
 _clocks: dict[torch.device, Clock] = {}
