@@ -6,6 +6,7 @@ ratios, which need a known peak, have series on a CPU too, and one internal erro
 observer of one histogram fails) so ``llm_instrumentation_errors_total`` has a series, the way an event
 is injected for the exporter's event counters. Rows whose meaning starts with ``*CUDA only.*`` describe
 series a CPU model cannot have (the CUDA allocator, NVML); every other documented metric must have one.
+On a GPU machine the same test runs on CUDA too, where every documented metric must have a series.
 """
 
 from __future__ import annotations
@@ -59,13 +60,17 @@ def llm_families(text: str) -> tuple[dict[str, str], set[str]]:
     return types, with_series
 
 
-@pytest.fixture
-def live_model() -> Iterator[tuple[torch.nn.Module, InstrumentationHandle, CollectorRegistry]]:
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def live_model(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[torch.nn.Module, InstrumentationHandle, CollectorRegistry]]:
+    """tiny-llama instrumented on a registry of its own, on the CPU, and on the GPU where there is one
+    (where every documented metric, the CUDA-only ones included, must have a series)."""
     registry = CollectorRegistry()
     config = InstrumentConfig(
         poll_interval_seconds=0.2, peak_flops=1e11, peak_memory_bandwidth_bytes_per_second=2e10
     )
-    model = build_model("tiny-llama")
+    model = build_model("tiny-llama", device=request.param)
     handle = instrument(model, model_name=MODEL, config=config, registry=registry)
     try:
         yield model, handle, registry
@@ -78,7 +83,8 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model, handle, registry = live_model
-    prompts = torch.tensor([encode_text("both ways"), encode_text("two sides")])
+    on_cuda = handle.device.type == "cuda"
+    prompts = torch.tensor([encode_text("both ways"), encode_text("two sides")], device=handle.device)
     mask = torch.ones_like(prompts)
     model.generate(prompts, attention_mask=mask, max_new_tokens=6, do_sample=False)
     model.generate(prompts[:1], attention_mask=mask[:1], max_new_tokens=6, do_sample=True, top_k=20)
@@ -94,7 +100,7 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     documented = documented_metrics(SECTION)
     cuda_only = cuda_only_metrics()
     assert cuda_only <= set(documented)
-    expected_series = set(documented) - cuda_only
+    expected_series = set(documented) if on_cuda else set(documented) - cuda_only
     with start_http_server(0, registry=registry) as server:
         deadline = time.monotonic() + 10  # the ratios and the headroom come with the sampler's next poll
         while True:
@@ -106,4 +112,4 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     assert sorted(set(exposed) - set(documented)) == [], "exposed but not in docs/metrics.md"
     assert sorted(set(documented) - set(exposed)) == [], "in docs/metrics.md but not exposed"
     assert {name: exposed[name] for name in documented} == documented, "types differ"
-    assert sorted(expected_series - with_series) == [], "documented, not CUDA-only, but without a series"
+    assert sorted(expected_series - with_series) == [], "documented (and not CUDA-only on CPU), no series"
