@@ -15,7 +15,7 @@ from inferwatch.cli import main as inferwatch
 from inferwatch.instrumentation.demo import RequestStream, histogram_quantile
 
 from tests.integration.services import wait_until
-from tests.support import http_get, sample_value
+from tests.support import http_get, parse_samples, sample_value
 from tests.unit.serving.processes import INFERWATCH, Process, spawn
 
 SUMMARY_LINE = re.compile(
@@ -60,14 +60,18 @@ def stopped_after(stdout: str) -> int:
     return int(match[1])
 
 
-def test_serves_varied_requests_then_stops_after_duration(tmp_path: Path, port: int) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_serves_varied_requests_then_stops_after_duration(tmp_path: Path, port: int, device: str) -> None:
     url = f"http://127.0.0.1:{port}/metrics"
-    command = demo_command(port, "--duration=6", "--summary-interval=1", "--concurrency=2")
+    options = ("--duration=6", "--summary-interval=1", "--concurrency=2", f"--device={device}")
+    command = demo_command(port, *options)
     with spawn(command, tmp_path) as process:
         body = scrape_when(process, url, "llm_requests_total", 20, model="tiny-llama", status="ok")
         # Some requests carry several sequences; every request's tokens are counted.
         assert sample_value(body, "llm_batch_size_sum") > sample_value(body, "llm_batch_size_count")
         assert sample_value(body, "llm_generation_tokens_total", model="tiny-llama") >= 20
+        devices = {s.labels["device"] for s in parse_samples(body) if s.name == "llm_model_info"}
+        assert devices == {"cpu" if device == "cpu" else "cuda:0"}
         assert process.wait(60) == 0
     stdout = process.stdout()
     assert f"metrics on {url}" in stdout

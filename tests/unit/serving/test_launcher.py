@@ -15,8 +15,9 @@ from tests.support import http_get, parse_samples, sample_value
 from tests.unit.serving.processes import INFERWATCH, run, spawn
 
 # A serving program as a user writes it, with no inferwatch in it: one model from each construction path
-# (from_config, from_pretrained, direct), each generating a known number of tokens; then it waits for the
-# test to scrape (a release file, bounded in time) and exits with a status of its own.
+# (from_config, from_pretrained, direct), each moved to the device argument after it is built and
+# generating a known number of tokens; then it waits for the test to scrape (a release file, bounded in
+# time) and exits with a status of its own.
 PROGRAM = """
 import sys, tempfile, time
 from pathlib import Path
@@ -27,20 +28,21 @@ config = LlamaConfig(
     vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, bos_token_id=256, eos_token_id=257, pad_token_id=258,
 )
-prompt = torch.tensor([[256, 72, 105, 33]])
+release, device = Path(sys.argv[1]), sys.argv[2]
+prompt = torch.tensor([[256, 72, 105, 33]], device=device)
 
 def generate(model, new_tokens):
     model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                    min_new_tokens=new_tokens, do_sample=False)
 
-built = AutoModelForCausalLM.from_config(config)
+built = AutoModelForCausalLM.from_config(config).to(device)
 generate(built, 7)
 saved = tempfile.mkdtemp()
 built.save_pretrained(saved)
-generate(AutoModelForCausalLM.from_pretrained(saved), 5)
-generate(LlamaForCausalLM(config), 3)
+generate(AutoModelForCausalLM.from_pretrained(saved).to(device), 5)
+generate(LlamaForCausalLM(config).to(device), 3)
 print("generated", flush=True)
-release, deadline = Path(sys.argv[1]), time.monotonic() + 60
+deadline = time.monotonic() + 60
 while not release.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 sys.exit(5)
@@ -52,12 +54,15 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def test_models_of_an_unchanged_program_are_instrumented_and_served(tmp_path: Path, port: int) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_models_of_an_unchanged_program_are_instrumented_and_served(
+    tmp_path: Path, port: int, device: str
+) -> None:
     program = write(tmp_path / "serve.py", PROGRAM)
     release = tmp_path / "release"
     url = f"http://127.0.0.1:{port}/metrics"
     command = [*INFERWATCH, "run", f"--port={port}", "--model-name=served", "--", sys.executable]
-    with spawn([*command, str(program), str(release)], tmp_path) as process:
+    with spawn([*command, str(program), str(release), device], tmp_path) as process:
         body = wait_until(
             lambda: (
                 process.popen.poll() is None
@@ -71,9 +76,10 @@ def test_models_of_an_unchanged_program_are_instrumented_and_served(tmp_path: Pa
         assert sample_value(body, "llm_generation_tokens_total", model="served") == 7 + 5 + 3
         assert sample_value(body, "llm_prompt_tokens_total", model="served") == 3 * 4
         assert sample_value(body, "llm_time_to_first_token_seconds_count", model="served") == 3
-        # Instrumented at first generate, after from_pretrained loaded real weights: never on "meta".
+        # Instrumented where the models serve: after from_pretrained loaded the weights (never "meta"),
+        # after the program moved them.
         devices = {s.labels["device"] for s in parse_samples(body) if s.name == "llm_model_info"}
-        assert devices == {"cpu"}
+        assert devices == {"cpu" if device == "cpu" else "cuda:0"}
         release.touch()
         assert process.wait(60) == 5
     assert f"serving metrics on {url}" in process.stderr()
