@@ -241,3 +241,66 @@ def test_a_program_that_instruments_its_model_itself_is_counted_once(tmp_path: P
         [*INFERWATCH, "run", "--no-server", "--", sys.executable, str(program)], tmp_path
     )
     assert (status, stdout.split()) == (0, ["8.0", "0"]), stderr
+
+
+# A server with worker processes (spawned, as uvicorn's are): each worker builds its own model and serves
+# a known number of tokens, then exits; the program waits to be scraped.
+POOL_PROGRAM = """
+import multiprocessing, sys, time
+from pathlib import Path
+
+def serve(new_tokens):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    config = LlamaConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=258)
+    model = AutoModelForCausalLM.from_config(config)
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, do_sample=False)
+
+if __name__ == "__main__":
+    workers = [multiprocessing.get_context("spawn").Process(target=serve, args=(n,)) for n in (6, 4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    print("workers exited", *[worker.exitcode for worker in workers], flush=True)
+    release, deadline = Path(sys.argv[1]), time.monotonic() + 60
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def test_multiprocess_dir_serves_the_sum_of_worker_processes(tmp_path: Path, port: int) -> None:
+    program = write(tmp_path / "pool.py", POOL_PROGRAM)
+    multiproc_dir, release = tmp_path / "multiproc", tmp_path / "release"
+    multiproc_dir.mkdir()
+    (multiproc_dir / "counter_99999.db").write_bytes(b"left over by a previous run")
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [
+        *INFERWATCH,
+        "run",
+        f"--port={port}",
+        f"--multiprocess-dir={multiproc_dir}",
+        "--model-name=pool",
+        "--",
+        sys.executable,
+        str(program),
+        str(release),
+    ]
+    with spawn(command, tmp_path) as process:
+        wait_until(
+            lambda: "workers exited" in process.stdout() or process.popen.poll() is not None,
+            timeout=120,
+            what=lambda: f"the workers; stderr:\n{process.stderr()}",
+        )
+        assert process.stdout().split() == ["workers", "exited", "0", "0"], process.stderr()
+        body = http_get(url)[1]
+        assert sample_value(body, "llm_requests_total", model="pool", status="ok") == 2
+        assert sample_value(body, "llm_generation_tokens_total", model="pool") == 6 + 4
+        # The workers exited cleanly: their live gauges left the sums.
+        assert sample_value(body, "llm_requests_running", model="pool") is None
+        release.touch()
+        assert process.wait(60) == 0
+    assert not (multiproc_dir / "counter_99999.db").exists()
