@@ -227,27 +227,33 @@ def wait_for_history(prometheus: Prometheus, seconds: float) -> float:
     return max(float(r["value"][1]) for r in prometheus.query("timestamp(llm_generation_tokens_total)"))
 
 
+# Rates over 6 s, every 2 s, for 12 s: short for a test, yet smooth enough that a tiny model on a busy
+# 2-core machine does not look unstable (the default is rates over 1m for the last 10m).
+DIAGNOSE_WINDOW = ("--window", "12s", "--step", "2s", "--rate-window", "6s")
+HISTORY_SECONDS = 20
+
+
 def diagnose_prometheus(prometheus: Prometheus) -> tuple[int, dict[str, Any], str]:
-    result = inferwatch(
-        "diagnose",
-        "--prometheus",
-        prometheus.url,
-        "--window",
-        "10s",
-        "--step",
-        "1s",
-        "--rate-window",
-        "3s",
-        "--json",
-    )
+    result = inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def test_diagnose_finds_nothing_alarming_in_a_healthy_demo(prometheus_healthy: Prometheus) -> None:
+    # The first test to use Prometheus: its window holds the demos running and nothing else of this suite
+    # (a subprocess of ours starting up competes for the 2 cores, and that is what fluctuation measures).
+    wait_for_history(prometheus_healthy, HISTORY_SECONDS)
+    code, report, _ = diagnose_prometheus(prometheus_healthy)
+    assert code == 0, report["findings"]
+    assert report["alarming"] is False
+    assert [f for f in report["findings"] if f["severity"] != "info"] == []
+    assert "host-bound" in report["passed"]
 
 
 def test_diagnose_reports_a_host_bound_demo(
     prometheus_host_bound: Prometheus, host_bound_demo: tuple[RunningProcess, str]
 ) -> None:
-    wait_for_history(prometheus_host_bound, 12)
+    wait_for_history(prometheus_host_bound, HISTORY_SECONDS)
     code, report, _ = diagnose_prometheus(prometheus_host_bound)
     assert code == 1
     host_bound = [f for f in report["findings"] if f["check"] == "host-bound"]
@@ -255,21 +261,6 @@ def test_diagnose_reports_a_host_bound_demo(
     busy = host_bound[0]["evidence"][0]
     assert busy["query"] == "avg by (instance, model) (llm_gpu_busy_ratio)"
     assert float(busy["value"].rstrip("%")) < 50
-
-
-def test_diagnose_finds_nothing_alarming_in_a_healthy_demo(prometheus_healthy: Prometheus) -> None:
-    wait_for_history(prometheus_healthy, 12)
-    code, report, _ = diagnose_prometheus(prometheus_healthy)
-    assert code == 0, report["findings"]
-    assert report["alarming"] is False
-    assert [f for f in report["findings"] if f["severity"] != "info"] == []
-    assert "host-bound" in report["passed"]
-
-    text = inferwatch(
-        "diagnose", "--prometheus", prometheus_healthy.url, "--window", "10s", "--rate-window", "3s"
-    )
-    assert text.returncode == 0
-    assert text.stdout.rstrip().endswith("Nothing alarming.")
 
 
 def test_diagnose_on_live_endpoints(

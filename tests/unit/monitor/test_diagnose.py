@@ -54,6 +54,16 @@ def test_report_lists_findings_evidence_and_remedies(monkeypatch: pytest.MonkeyP
     assert text.rstrip().endswith("1 warning")
 
 
+def test_report_of_a_healthy_history_ends_with_nothing_alarming(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr("rich.console.Console", lambda **kw: Console(file=out, width=120, **kw))
+    diagnose.render(run(8, serving=lambda i: {}), "heading")
+    text = out.getvalue()
+    assert "WARNING" not in text
+    assert "no findings: host-bound, fluctuation, oom-risk, leak" in text
+    assert text.rstrip().endswith("Nothing alarming.")
+
+
 def test_json_shape() -> None:
     report = run(5, serving=lambda i: {"busy": 0.2}).to_dict()
     assert report["alarming"] is True
