@@ -161,7 +161,7 @@ class Diagnosis:
         }
 
 
-# --- formatting ---------------------------------------------------------------------------------------
+# --- subjects -----------------------------------------------------------------------------------------
 
 
 def subject(group: Labels) -> str:
@@ -222,16 +222,10 @@ def _evidence(source: Source, what: str, value: str, *exprs: Expr) -> Evidence:
     return Evidence(what, value, "\n".join(expr.promql(source.rate_window) for expr in exprs))
 
 
-def _require(series: Series, why_not: str) -> Series:
-    if not series:
-        raise NotAssessed(why_not)
-    return series
-
-
 def check_host_bound(source: Source) -> list[Finding]:
-    busy = _require(
-        source.series(BUSY), "no llm_gpu_busy_ratio in the window: is an instrumented process scraped?"
-    )
+    busy = source.series(BUSY)
+    if not busy:
+        raise NotAssessed("no llm_gpu_busy_ratio in the window: is an instrumented process scraped?")
     running = source.series(RUNNING)
     findings, judged = [], False
     for group, busy_points in busy.items():
