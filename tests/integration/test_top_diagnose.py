@@ -353,3 +353,37 @@ def test_top_shows_an_exporter_that_goes_away_and_keeps_running(tmp_path: Path) 
                 top.kill()
                 top.wait(timeout=10)
     assert "Traceback" not in output.read_text()
+
+
+@pytest.mark.gpu
+def test_top_and_diagnose_on_a_real_gpu(tmp_path: Path) -> None:
+    """On a CUDA machine: the real exporter (NVML) and a host-bound demo on the GPU."""
+    with (
+        start_demo(**DEMO_ARGS, step_sleep=STEP_SLEEP_SECONDS, workdir=tmp_path / "demo") as (
+            _,
+            demo_address,
+        ),
+        start_exporter(extra_args=EXPORTER_FLAGS, workdir=tmp_path / "exporter") as (_, exporter_address),
+    ):
+        wait_for_traffic(demo_address, minimum_tokens=10)
+        result = inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
+        assert result.returncode == 0, result.stderr
+        frame = json.loads(result.stdout)
+        text = scrape(exporter_address)
+        assert frame["gpus"], "no GPU rows"
+        for gpu in frame["gpus"]:
+            assert gpu["memory_total_bytes"] == required(text, "gpu_memory_total_bytes", gpu=gpu["gpu"])
+            assert gpu["power_limit_watts"] == required(text, "gpu_power_limit_watts", gpu=gpu["gpu"])
+            assert gpu["sm_clock_max_hz"] == required(text, "gpu_clock_max_hz", gpu=gpu["gpu"], clock="sm")
+            assert 0 <= gpu["utilization"] <= 1
+        (model,) = frame["models"]
+        assert model["device"].startswith("cuda")
+
+        diagnosis = inferwatch(
+            "diagnose", "--endpoint", demo_address, "--endpoint", exporter_address,
+            "--samples", "4", "--interval", "1", "--json",
+        )  # fmt: skip
+        report = json.loads(diagnosis.stdout)
+        assert ("host-bound", f"model tiny-llama on {demo_address}") in {
+            (f["check"], f["subject"]) for f in report["findings"]
+        }
