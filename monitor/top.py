@@ -90,6 +90,15 @@ def _percentiles(p50: float | None, p99: float | None) -> str:
     return f"{_or_dash(p50, duration)} / {_or_dash(p99, duration)}"
 
 
+GPU_COLUMNS = (
+    "instance", "gpu", "name", "util", "memory", "free", "power", "SM clock", "temp/slowdown", "throttle",
+)  # fmt: skip
+MODEL_COLUMNS = (
+    "model", "instance", "device", "TTFT p50 / p99", "ITL p50 / p99", "tok/s", "running", "KV cache",
+    "KV headroom (tok)", "busy",
+)  # fmt: skip
+
+
 def _gpu_cells(row: GpuRow) -> list[Any]:
     from rich.text import Text
 
@@ -107,11 +116,15 @@ def _gpu_cells(row: GpuRow) -> list[Any]:
         ", ".join(row.throttle_reasons) or "-", style="bold red" if row.throttle_reasons else "dim"
     )
     return [
+        row.instance,
         row.gpu if row.up != 0 else Text(f"{row.gpu} lost", style="bold red"),
         row.name or "-",
         _or_dash(row.utilization, percent),
         _pair(row.memory_used_bytes, row.memory_total_bytes, lambda b: f"{b / 2**30:.1f}", " GiB"),
-        Text(_or_dash(free_share, percent), style="bold red" if (free_share or 1) < LOW_FREE_MEMORY else ""),
+        Text(
+            _or_dash(free_share, percent),
+            style="bold red" if free_share is not None and free_share < LOW_FREE_MEMORY else "",
+        ),
         _pair(row.power_watts, row.power_limit_watts, lambda w: f"{w:.0f}", " W"),
         _pair(row.sm_clock_hz, row.sm_clock_max_hz, lambda hz: f"{hz / 1e6:.0f}", " MHz"),
         Text(
@@ -167,40 +180,12 @@ def render(frame: Frame, now: datetime.datetime | None = None) -> Any:
     ]
 
     if frame.gpus:
-        gpus = table(
-            "GPUs",
-            [
-                "instance",
-                "gpu",
-                "name",
-                "util",
-                "memory",
-                "free",
-                "power",
-                "SM clock",
-                "temp/slowdown",
-                "throttle",
-            ],
-        )
+        gpus = table("GPUs", GPU_COLUMNS)
         for row in frame.gpus:
-            gpus.add_row(row.instance, *_gpu_cells(row))
+            gpus.add_row(*_gpu_cells(row))
         parts.append(gpus)
     if frame.models:
-        models = table(
-            "models",
-            [
-                "model",
-                "instance",
-                "device",
-                "TTFT p50 / p99",
-                "ITL p50 / p99",
-                "tok/s",
-                "running",
-                "KV cache",
-                "KV headroom (tok)",
-                "busy",
-            ],
-        )
+        models = table("models", MODEL_COLUMNS)
         for row in frame.models:
             models.add_row(*_model_cells(row))
         parts.append(models)
