@@ -133,6 +133,8 @@ def timed_generate(model: Any, input_ids: Any, max_new_tokens: int, clock: Devic
     pad_token_id = model.generation_config.pad_token_id
     if pad_token_id is None:
         pad_token_id = model.generation_config.eos_token_id
+    if isinstance(pad_token_id, list):  # several EOS ids: any of them pads
+        pad_token_id = pad_token_id[0]
     with torch.no_grad():
         start = clock.now()
         output = model.generate(
