@@ -330,7 +330,6 @@ class ModelInstrumentation:
                 return
             placement, start, start_host = started
             clock = placement.clock
-            end, end_host = clock.mark(), time.perf_counter()
             batch, new_tokens = _input_shape(args, kwargs)
             if batch:
                 series.batch_size.observe(batch)
@@ -352,6 +351,12 @@ class ModelInstrumentation:
             else:
                 work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
             tokens = 1 if request is not None and request.owner is self else 0
+            if request is not None:
+                request.drain()  # earlier steps, complete since generate's last synchronization
+            # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
+            # recorded, so the hook's own bookkeeping before it counts as part of the step (the caller
+            # waits for it too) instead of widening the gap to whoever reads the clock next.
+            end, end_host = clock.mark(), time.perf_counter()
             step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host)
             if request is None:
                 loose = LooseForward(clock, step)
@@ -367,12 +372,13 @@ class ModelInstrumentation:
     def _wrap_generate(self, original: Any) -> Any:
         @functools.wraps(original)
         def generate(*args: Any, **kwargs: Any) -> Any:
+            entry = time.perf_counter()
             if not self.active:
                 return original(*args, **kwargs)
             current = CURRENT_REQUEST.get()
             if current is not None and current.owner is self:  # generate re-entered from inside itself
                 return original(*args, **kwargs)
-            request = self._begin()
+            request = self._begin(entry)
             if request is None:
                 return original(*args, **kwargs)
             token = CURRENT_REQUEST.set(request)
@@ -388,10 +394,10 @@ class ModelInstrumentation:
 
         return generate
 
-    def _begin(self) -> Request | None:
+    def _begin(self, entry: float) -> Request | None:
         try:
             self.follow()
-            return Request(self.series, self.placement.clock, owner=self)
+            return Request(self.series, self.placement.clock, owner=self, entry=entry)
         except Exception as exc:
             self.errors.report("generate_enter", exc)
             return None

@@ -67,11 +67,15 @@ class Request:
         *,
         owner: object = None,
         prompt_tokens: int = 0,
+        entry: float | None = None,
     ) -> None:
         self.series = series
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
         self.clock = clock
         self.anchor = clock.start()
+        # TTFT and E2E start when the caller entered (perf_counter at the wrapper's first line), not when
+        # the anchor was recorded after inferwatch's own set-up.
+        self.entry = self.anchor.host if entry is None else entry
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards recorded so far (the first is the prefill)
@@ -92,10 +96,10 @@ class Request:
     # -- hot path: record and resolve what is already done ---------------------------------------------
 
     def add(self, step: Step) -> None:
+        """Queue a step; it is observed by a later :meth:`drain` once its marks are complete."""
         self._pending.append(step)
         if step.phase is not None:
             self.forwards += 1
-        self.drain()
 
     def set_kv(self, size: KVCacheSize | None) -> None:
         if size != self._kv:
@@ -155,9 +159,9 @@ class Request:
             series = self.series
             if self._first_token is None:
                 self._first_token = end
-                series.ttft.observe(end - self.anchor.host)
+                series.ttft.observe(end - self.entry)
                 start = self._first_forward_start
-                series.prefill.observe(end - (self.anchor.host if start is None else start))
+                series.prefill.observe(end - (self.entry if start is None else start))
             else:
                 gap = end - self._last_token
                 per_token = gap / step.tokens
@@ -186,7 +190,7 @@ class Request:
         series.requests[status].inc()
         self.set_kv(None)
         if status == "ok":
-            series.e2e.observe(time.perf_counter() - self.anchor.host)
+            series.e2e.observe(time.perf_counter() - self.entry)
 
     def complete(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet."""
