@@ -1,14 +1,30 @@
-"""HTTP GET with failures reduced to one readable line ("connection failed: Connection refused")."""
+"""HTTP GET with the standard library, failures reduced to one readable line ("connection failed:
+Connection refused"). No third-party client: ``top --json`` and ``diagnose --json`` then run wherever
+Python does, the GPU machines with nothing but torch included."""
 
 from __future__ import annotations
 
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
-
-import requests
+from dataclasses import dataclass
 
 
 class FetchError(Exception):
     """A URL could not be fetched; the message says why in a few words."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    reason: str
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
 
 
 def fetch(
@@ -17,27 +33,24 @@ def fetch(
     *,
     params: Mapping[str, str] | None = None,
     accept: str | None = None,
-) -> requests.Response:
+) -> Response:
     """GET ``url``. Network failures raise :class:`FetchError`; HTTP error statuses are returned, since
     some (the Prometheus API's 400 for a bad query) carry an explanation in their body."""
-    headers = {"Accept": accept} if accept else {}
+    if params:
+        url = f"{url}?{urllib.parse.urlencode(params)}"
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
-        return requests.get(url, params=params, timeout=timeout, headers=headers)
-    except requests.ConnectionError as exc:
-        raise FetchError(f"connection failed: {_root_cause(exc)}") from None
-    except requests.Timeout:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return Response(answer.status, answer.reason, answer.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return Response(error.code, str(error.reason), error.read())
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, socket.timeout | TimeoutError):
+            raise FetchError(f"no answer within {timeout:g}s") from None
+        reason = getattr(error.reason, "strerror", None) or str(error.reason)
+        raise FetchError(f"connection failed: {reason}") from None
+    except TimeoutError:  # the connection was made, the answer did not come
         raise FetchError(f"no answer within {timeout:g}s") from None
-    except requests.RequestException as exc:
-        raise FetchError(str(exc)) from None
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The operating system's reason at the bottom of a requests error ("Connection refused", "Name or
-    service not known"), instead of urllib3's nested retry description."""
-    cause: BaseException | None = exc
-    reason = str(exc)
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            reason = cause.strerror
-        cause = cause.__cause__ or cause.__context__
-    return reason
+    except OSError as error:  # reset by peer, and the like
+        raise FetchError(f"connection failed: {error.strerror or error}") from None

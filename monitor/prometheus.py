@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -33,11 +34,11 @@ class PrometheusClient:
         except FetchError as exc:
             raise PrometheusError(f"Prometheus at {self.url} is not reachable: {exc}") from None
         try:
-            answer = response.json()
+            answer = json.loads(response.body)
         except ValueError:
             raise PrometheusError(
                 f"{self.url} is not a Prometheus server: /api/v1/{path} answered HTTP "
-                f"{response.status_code} without JSON"
+                f"{response.status} without JSON"
             ) from None
         if answer.get("status") != "success":
             raise QueryError(f"{answer.get('errorType', 'error')}: {answer.get('error', answer)}")

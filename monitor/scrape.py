@@ -92,8 +92,8 @@ def scrape(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> EndpointScrape
     try:
         # Plain text format 0.0.4: every inferwatch endpoint and prometheus_client serves it.
         response = fetch(url, timeout, accept="text/plain")
-        if response.status_code != 200:
-            error = f"HTTP {response.status_code} {response.reason}"
+        if response.status != 200:
+            error = f"HTTP {response.status} {response.reason}"
         else:
             samples = parse_exposition(response.text, {"instance": instance})
     except FetchError as exc:

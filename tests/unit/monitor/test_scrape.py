@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,11 +16,13 @@ from tests.support import free_port
 
 
 @contextmanager
-def http_server(status: int, body: bytes) -> Iterator[str]:
-    """A real HTTP server on loopback answering every GET with ``status`` and ``body``."""
+def http_server(status: int, body: bytes, delay: float = 0.0) -> Iterator[str]:
+    """A real HTTP server on loopback answering every GET with ``status`` and ``body`` after ``delay``
+    seconds."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            time.sleep(delay)
             self.send_response(status)
             self.send_header("Content-Type", "text/plain")
             self.end_headers()
@@ -91,6 +94,13 @@ def test_an_http_error_is_down() -> None:
     with http_server(503, b"overloaded") as url:
         result = scrape(url)
     assert (result.up, result.error) == (False, "HTTP 503 Service Unavailable")
+
+
+def test_a_slow_endpoint_is_down_after_the_timeout() -> None:
+    with http_server(200, b"# TYPE up gauge\nup 1\n", delay=2.0) as url:
+        result = scrape(url, timeout=0.3)
+    assert (result.up, result.error) == (False, "no answer within 0.3s")
+    assert result.duration_s < 1.5
 
 
 def test_text_that_is_not_an_exposition_is_down() -> None:
