@@ -277,8 +277,13 @@ def load_for_benchmark(spec: str, device: Any, dtype: Any, *, seed: int = 0) -> 
 @contextmanager
 def progress_bar(description: str, total: int) -> Iterator[Callable[[], None]]:
     """A rich progress bar on stderr, shown only when stderr is a terminal; yields the advance callback."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        # A machine with torch but without the monitor extra (a bare GPU box) still benchmarks, as --json.
+        yield lambda: None
+        return
 
     console = Console(stderr=True)
     with Progress(
