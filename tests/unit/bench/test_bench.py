@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,13 @@ def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["8", "4"], ["16", "4"])]
     assert len(rows) == 2
     assert "\x1b[" not in out  # not a terminal: no colour codes
+
+
+def test_bench_json_without_rich(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry makes `import rich.progress` fail as on a machine without the monitor extra.
+    monkeypatch.setitem(sys.modules, "rich.progress", None)
+    report = bench_json(capsys, "tiny-llama", "--prompt-lens", "8", "--max-new-tokens", "2", "--repeats", "1")
+    assert report["cases"][0]["runs"][0]["generated_tokens"] == 2
 
 
 def test_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
