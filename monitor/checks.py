@@ -152,6 +152,11 @@ class Diagnosis:
     def alarming(self) -> bool:
         return any(f.severity >= Severity.WARNING for f in self.findings)
 
+    @property
+    def assessed(self) -> bool:
+        """Whether any check had data: a diagnosis of nothing is not a clean bill of health."""
+        return bool(self.findings or self.passed)
+
     def to_dict(self) -> dict[str, object]:
         return {
             "alarming": self.alarming,

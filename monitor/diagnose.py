@@ -8,7 +8,8 @@ Two sources of data, the same checks (:mod:`inferwatch.monitor.checks`):
   seconds apart; each pair of consecutive scrapes is one step.
 
 Exit status: 0 when nothing is alarming (no finding, or only informational ones), 1 when there are
-warning or critical findings, 2 for bad options, 3 when the data could not be read.
+warning or critical findings, 2 for bad options, 3 when the data could not be read or held nothing any
+check could judge.
 """
 
 from __future__ import annotations
@@ -217,7 +218,9 @@ def render(diagnosis: Diagnosis, heading: str) -> None:
     for check, reason in diagnosis.not_assessed.items():
         console.print(f"not assessed: {check} ({escape(reason)})", soft_wrap=True)
     counts = {s: sum(1 for f in diagnosis.findings if f.severity == s) for s in Severity}
-    if diagnosis.alarming:
+    if not diagnosis.assessed:
+        console.print("\n[bold red]No data to judge:[/] no check found the series it needs in the window.")
+    elif diagnosis.alarming:
         summary = ", ".join(
             f"{n} {s}{'s' if n > 1 else ''}" for s, n in sorted(counts.items(), reverse=True) if n
         )
@@ -249,4 +252,6 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         render(diagnosis, heading)
+    if not diagnosis.assessed:
+        return EXIT_NO_DATA
     return EXIT_FINDINGS if diagnosis.alarming else 0

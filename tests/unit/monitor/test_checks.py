@@ -15,13 +15,14 @@ def findings(diagnosis: Diagnosis, check: str) -> list:
 def test_a_healthy_process_raises_nothing() -> None:
     diagnosis = run(12, serving=lambda i: {}, gpus=lambda i: {})
     assert diagnosis.findings == []
-    assert not diagnosis.alarming
+    assert diagnosis.assessed and not diagnosis.alarming
     assert set(diagnosis.passed) >= {"host-bound", "throttling", "fluctuation", "oom-risk", "leak"}
 
 
 def test_no_data_is_not_assessed_rather_than_passed() -> None:
     diagnosis = run(3)
     assert diagnosis.findings == [] and diagnosis.passed == []
+    assert not diagnosis.assessed
     assert set(diagnosis.not_assessed) == {
         "host-bound", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound", "scaling"
     }  # fmt: skip

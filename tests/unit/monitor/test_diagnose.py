@@ -64,6 +64,15 @@ def test_report_of_a_healthy_history_ends_with_nothing_alarming(monkeypatch: pyt
     assert text.rstrip().endswith("Nothing alarming.")
 
 
+def test_endpoints_without_inferwatch_series_leave_nothing_to_judge(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with http_server(200, b"# TYPE up gauge\nup 1\n") as url:
+        code, out, _ = cli(capsys, "--endpoint", url, "--samples", "2", "--interval", "0.1")
+    assert code == 3
+    assert "No data to judge" in out and "Nothing alarming" not in out
+
+
 def test_json_shape() -> None:
     report = run(5, serving=lambda i: {"busy": 0.2}).to_dict()
     assert report["alarming"] is True
