@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import environment, median, registry_sum, write_json
+from bench_common import environment, greedy_generate, median, registry_sum, write_json
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -72,14 +72,7 @@ def decode_tokens_per_second(model: torch.nn.Module, ids: torch.Tensor, new_toke
 
     hook = model.register_forward_hook(on_forward_end)
     try:
-        with torch.inference_mode():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-            )
+        greedy_generate(model, ids, new_tokens)
     finally:
         hook.remove()
     return {clock: ids.shape[0] * (len(t) - 1) / (t[-1] - t[0]) for clock, t in ends.items()}

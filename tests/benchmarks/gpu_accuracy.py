@@ -24,10 +24,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (
+from bench_common import (
     HistogramDelta,
     StepTimer,
     environment,
+    greedy_generate,
     print_table,
     write_json,
 )
@@ -87,14 +88,7 @@ def measure_model(
                 torch.cuda.synchronize()
                 naive.begin()
                 truth.begin()
-                with torch.no_grad():
-                    model.generate(
-                        ids,
-                        attention_mask=torch.ones_like(ids),
-                        max_new_tokens=args.new_tokens,
-                        min_new_tokens=args.new_tokens,
-                        do_sample=False,
-                    )
+                greedy_generate(model, ids, args.new_tokens)
                 iw_ttft, iw_itl, iw_prefill = (h.mean_since_mark() for h in (ttft, itl, prefill))
                 if rep < args.warmup:
                     continue

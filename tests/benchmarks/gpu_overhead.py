@@ -30,7 +30,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import StepTimer, environment, median, print_table, write_json
+from bench_common import (
+    StepTimer,
+    environment,
+    greedy_generate,
+    median,
+    print_table,
+    timed_generate,
+    write_json,
+)
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -106,33 +114,12 @@ class Mode:
                 yield
 
 
-def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.no_grad():
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-        )
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def count_syncs(model: torch.nn.Module, mode: Mode, ids: torch.Tensor, new_tokens: int) -> SyncCounter:
     counter = SyncCounter()
     with mode.applied():
         timed_generate(model, ids, new_tokens)  # warm the mode (lazy allocations, first events)
-        with counter.active(), torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-            )
+        with counter.active():
+            greedy_generate(model, ids, new_tokens)
         time.sleep(0.2)  # let a background resolver run while the counter is still installed
     return counter
 

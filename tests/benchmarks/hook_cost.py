@@ -18,9 +18,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import timed_generate
 from inferwatch.instrumentation import hooks, instrument, request
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -48,23 +52,6 @@ def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def run(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> float:
-    if ids.is_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.no_grad():
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-        )
-    if ids.is_cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="small-llama")
@@ -75,14 +62,14 @@ def main() -> int:
     dtype = torch.bfloat16 if args.device == "cuda" else None
     model = build_model(args.model, device=args.device, dtype=dtype)
     ids = torch.randint(0, 256, (1, 128), device=args.device)
-    run(model, ids, 8)
+    timed_generate(model, ids, 8)
 
     plain, watched = [], []
     for _ in range(args.repeats):
-        plain.append(run(model, ids, args.new_tokens))
+        plain.append(timed_generate(model, ids, args.new_tokens))
         handle = instrument(model, model_name="m", registry=CollectorRegistry())
-        run(model, ids, 4)
-        watched.append(run(model, ids, args.new_tokens))
+        timed_generate(model, ids, 4)
+        watched.append(timed_generate(model, ids, args.new_tokens))
         handle.remove()
     ratio = statistics.median(plain) / statistics.median(watched)
     per_step = (statistics.median(watched) - statistics.median(plain)) / args.new_tokens
@@ -95,7 +82,7 @@ def main() -> int:
         setattr(owner, name, timed(f"{owner.__name__}.{name}", original))
     handle = instrument(model, model_name="m", registry=CollectorRegistry())
     for _ in range(args.repeats):
-        run(model, ids, args.new_tokens)
+        timed_generate(model, ids, args.new_tokens)
     handle.flush()
     print("\n| function | calls | mean µs | max µs |\n|---|---|---|---|")
     for name, costs in COSTS.items():
@@ -103,7 +90,7 @@ def main() -> int:
 
     profile = cProfile.Profile()
     profile.enable()
-    run(model, ids, args.new_tokens)
+    timed_generate(model, ids, args.new_tokens)
     profile.disable()
     handle.remove()
     for owner, name, original in originals:

@@ -1,5 +1,5 @@
-"""Shared pieces of the GPU benchmark scripts: per-step timers hooked on a model, and reading
-per-request figures back from inferwatch's own histograms.
+"""Shared pieces of the benchmark scripts: a fixed-length greedy generate, per-step timers hooked on a
+model, and reading per-request figures back from inferwatch's own histograms.
 
 The scripts run as plain programs (``python tests/benchmarks/gpu_accuracy.py``) on the GPU machine, so
 this module is imported by path, not as part of the test suite.
@@ -58,6 +58,29 @@ class StepTimer:
 
     def remove(self) -> None:
         self._handle.remove()
+
+
+def greedy_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Exactly ``new_tokens`` greedy tokens per row (EOS cannot end a benchmark request early)."""
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )
+
+
+def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> float:
+    """Wall time of :func:`greedy_generate`, the device drained before and after (outside the request)."""
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    greedy_generate(model, ids, new_tokens)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def registry_sum(registry: CollectorRegistry, sample_name: str) -> float:
