@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
@@ -23,6 +24,8 @@ DATASOURCE = common.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 
 GREEN, YELLOW, RED = "green", "yellow", "red"
+
+PanelT = TypeVar("PanelT", timeseries.Panel, stat.Panel, statetimeline.Panel)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,20 @@ def _legend() -> common_builders.VizLegendOptions:
     )
 
 
+def _described(panel: PanelT, spec: PanelSpec, width: int, height: int) -> PanelT:
+    """What every panel shares: title, description, data source, queries, unit, thresholds and size."""
+    return (
+        panel.title(spec.title)
+        .description(spec.description)
+        .datasource(DATASOURCE)
+        .targets(_targets(spec.queries))
+        .unit(spec.unit)
+        .thresholds(_threshold_config(spec))
+        .span(width)
+        .height(height)
+    )
+
+
 def timeseries_panel(
     spec: PanelSpec,
     *,
@@ -100,18 +117,7 @@ def timeseries_panel(
     stacked: bool = False,
 ) -> timeseries.Panel:
     """A time series; thresholds are drawn as dashed lines when there is more than a base color."""
-    panel = (
-        timeseries.Panel()
-        .title(spec.title)
-        .description(spec.description)
-        .datasource(DATASOURCE)
-        .targets(_targets(spec.queries))
-        .unit(spec.unit)
-        .thresholds(_threshold_config(spec))
-        .legend(_legend())
-        .span(width)
-        .height(height)
-    )
+    panel = _described(timeseries.Panel(), spec, width, height).legend(_legend())
     if len(spec.thresholds) > 1:
         panel = panel.thresholds_style(
             common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED)
@@ -128,17 +134,9 @@ def timeseries_panel(
 def stat_panel(spec: PanelSpec, *, width: int = 6, height: int = 8) -> stat.Panel:
     """A single number per series (the last value), colored by the thresholds."""
     return (
-        stat.Panel()
-        .title(spec.title)
-        .description(spec.description)
-        .datasource(DATASOURCE)
-        .targets(_targets(spec.queries))
-        .unit(spec.unit)
-        .thresholds(_threshold_config(spec))
+        _described(stat.Panel(), spec, width, height)
         .color_mode(common.BigValueColorMode.VALUE)
         .graph_mode(common.BigValueGraphMode.AREA)
-        .span(width)
-        .height(height)
     )
 
 
@@ -152,19 +150,7 @@ def state_timeline_panel(
             for value, (text, color) in states.items()
         }
     )
-    return (
-        statetimeline.Panel()
-        .title(spec.title)
-        .description(spec.description)
-        .datasource(DATASOURCE)
-        .targets(_targets(spec.queries))
-        .unit(spec.unit)
-        .thresholds(_threshold_config(spec))
-        .mappings([mapping])
-        .legend(_legend())
-        .span(width)
-        .height(height)
-    )
+    return _described(statetimeline.Panel(), spec, width, height).mappings([mapping]).legend(_legend())
 
 
 def query_variable(name: str, label: str, query: str) -> dashboard_builders.QueryVariable:
