@@ -185,7 +185,7 @@ MODEL_INFO = _gauge(
 )  # fmt: skip
 LAST_STEP = _gauge(
     "llm_last_step_timestamp_seconds", "seconds", M, "livemax",
-    "Unix time of the model's last forward pass or tracked token (hung-engine heartbeat).",
+    "Unix time of the model's last forward pass or tracked token, to 0.1 s (hung-engine heartbeat).",
 )  # fmt: skip
 
 CATALOGUE: tuple[MetricSpec, ...] = (

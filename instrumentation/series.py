@@ -17,6 +17,9 @@ from inferwatch.instrumentation.kvcache import KVCacheSize
 from prometheus_client import Gauge
 
 STATUSES = ("ok", "error", "oom")
+#: The heartbeat answers "has the engine stalled for seconds?"; writing the gauge on every forward cost
+#: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
+HEARTBEAT_RESOLUTION_SECONDS = 0.1
 PHASES = ("prefill", "decode")
 
 
@@ -72,6 +75,7 @@ class ModelSeries:
         # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
         self._kv_bytes_per_token: Gauge | None = None
         self._last_step: Gauge | None = None
+        self._last_beat = 0.0
         self._lock = threading.Lock()
         self._totals = _LiveTotals()
 
@@ -95,10 +99,14 @@ class ModelSeries:
             self._kv_bytes_per_token.set(per_token)
 
     def heartbeat(self) -> None:
-        """A forward or token step happened now."""
+        """A forward or token step happened now (recorded at most every HEARTBEAT_RESOLUTION_SECONDS)."""
+        now = time.time()
+        if now - self._last_beat < HEARTBEAT_RESOLUTION_SECONDS:
+            return
+        self._last_beat = now
         if self._last_step is None:
             self._last_step = self.metrics[cat.LAST_STEP].labels(self.name)
-        self._last_step.set(time.time())
+        self._last_step.set(now)
 
     @property
     def bytes_per_token(self) -> float | None:
