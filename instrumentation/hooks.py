@@ -140,6 +140,11 @@ def generated_lengths(generated: torch.Tensor, eos_ids: list[int], pad_id: int |
     return lengths
 
 
+def _stops_without_eos(kwargs: dict) -> bool:
+    """Whether this generate call can end a row other than by EOS or the length limit."""
+    return bool(kwargs.get("stop_strings") or kwargs.get("stopping_criteria"))
+
+
 def _token_ids(value: Any) -> list[int]:
     if value is None:
         return []
@@ -443,9 +448,11 @@ class ModelInstrumentation:
         eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
         pad = kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None))
         pad_ids = _token_ids(pad)
-        lengths = generated_lengths(
-            sequences[:, prompt_length:], _token_ids(eos), pad_ids[0] if pad_ids else None
-        )
+        # Rows end at EOS or at the length limit, and EOS already bounds them. Only a stopping criterion
+        # other than EOS (stop strings, a caller's own) ends a row without one and pads it; elsewhere a
+        # trailing pad id is a token the model really generated and must be counted.
+        trailing_pad = pad_ids[0] if pad_ids and _stops_without_eos(kwargs) else None
+        lengths = generated_lengths(sequences[:, prompt_length:], _token_ids(eos), trailing_pad)
         mask = kwargs.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.device == sequences.device:
             prompt_tokens = mask.sum(dtype=torch.long)

@@ -98,6 +98,36 @@ def test_early_eos_in_a_batch_counts_tokens_up_to_eos(llama, registry, instrumen
     assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == 6
 
 
+class ForceToken(LogitsProcessor):
+    """Every new token is ``token``."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores[:] = float("-inf")
+        scores[:, self.token] = 0.0
+        return scores
+
+
+def test_a_generated_pad_token_is_counted(llama, registry, instrumented) -> None:
+    """The pad id is an ordinary token to a model with random (or unlucky) weights: rows that end at the
+    length limit keep every token they generated, whatever its id."""
+    handle = instrumented(llama, model_name="m")
+    ids, mask = batch_of("one", "two")
+    out = llama.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        do_sample=False,
+        logits_processor=LogitsProcessorList([ForceToken(PAD_TOKEN_ID)]),
+        pad_token_id=PAD_TOKEN_ID,
+    )
+    assert handle.flush()
+    assert (out[:, ids.shape[1] :] == PAD_TOKEN_ID).all()
+    assert metric(registry, "llm_generation_tokens_total", model="m") == 2 * 4
+
+
 def test_all_rows_stopping_early_stop_the_request(llama, registry, instrumented) -> None:
     handle = instrumented(llama, model_name="m")
     ids, mask = batch_of("one", "two", "three")
