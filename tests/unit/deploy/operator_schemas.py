@@ -92,58 +92,45 @@ _SCRAPE_ENDPOINT_PROPERTIES: dict[str, Any] = {
 
 _INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}]}
 
-SERVICE_MONITOR_SPEC = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["selector"],
-    "properties": {
-        "jobLabel": {"type": "string"},
-        "targetLabels": {"type": "array", "items": {"type": "string"}},
-        "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-        "selector": LABEL_SELECTOR,
-        "namespaceSelector": NAMESPACE_SELECTOR,
-        "sampleLimit": {"type": "integer", "minimum": 0},
-        "targetLimit": {"type": "integer", "minimum": 0},
-        "endpoints": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "port": {"type": "string"},
-                    "targetPort": _INT_OR_STRING,
-                    **_SCRAPE_ENDPOINT_PROPERTIES,
-                },
-            },
-        },
-    },
-}
 
-POD_MONITOR_SPEC = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["selector"],
-    "properties": {
-        "jobLabel": {"type": "string"},
-        "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-        "selector": LABEL_SELECTOR,
-        "namespaceSelector": NAMESPACE_SELECTOR,
-        "sampleLimit": {"type": "integer", "minimum": 0},
-        "targetLimit": {"type": "integer", "minimum": 0},
-        "podMetricsEndpoints": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "port": {"type": "string"},
-                    "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535},
-                    **_SCRAPE_ENDPOINT_PROPERTIES,
+def _monitor_spec(endpoints_field: str, port_properties: dict, **extra_properties: dict) -> dict:
+    """A ServiceMonitor or PodMonitor spec: the two share everything but their endpoints' field name,
+    how an endpoint names its port, and a few labels of their own."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["selector"],
+        "properties": {
+            "jobLabel": {"type": "string"},
+            **extra_properties,
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+            "selector": LABEL_SELECTOR,
+            "namespaceSelector": NAMESPACE_SELECTOR,
+            "sampleLimit": {"type": "integer", "minimum": 0},
+            "targetLimit": {"type": "integer", "minimum": 0},
+            endpoints_field: {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {**port_properties, **_SCRAPE_ENDPOINT_PROPERTIES},
                 },
             },
         },
-    },
-}
+    }
+
+
+SERVICE_MONITOR_SPEC = _monitor_spec(
+    "endpoints",
+    {"port": {"type": "string"}, "targetPort": _INT_OR_STRING},
+    targetLabels={"type": "array", "items": {"type": "string"}},
+)
+
+POD_MONITOR_SPEC = _monitor_spec(
+    "podMetricsEndpoints",
+    {"port": {"type": "string"}, "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535}},
+)
+
 
 RULE = {
     "type": "object",
