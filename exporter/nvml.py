@@ -96,6 +96,38 @@ def union_value(value_type: int, value: Any) -> float:
     return float(getattr(value, _VALUE_MEMBERS[value_type]))
 
 
+# Room for every utilization sample the driver keeps. NVML fills at most this many, oldest first, so a
+# poll that found more would average the rest at the next poll.
+SAMPLE_CAPACITY = 256
+
+
+def get_samples(nvml: ModuleType, handle: Any, sample_type: int, last_seen_us: int) -> tuple[int, list]:
+    """``nvmlDeviceGetSamples`` in one driver call: (value type, samples newer than ``last_seen_us``).
+
+    pynvml's wrapper calls the C function twice, once for the count and once for the samples, and each
+    call costs milliseconds of driver time on recent GPUs (tests/benchmarks/nvml_call_cost.py); one call
+    into a buffer sized for the whole ring does the same work. A binding without pynvml's ctypes internals
+    (the test suite's stand-in) is asked through its ``nvmlDeviceGetSamples``.
+    """
+    function_pointer = getattr(nvml, "_nvmlGetFunctionPointer", None)
+    if function_pointer is None:
+        return nvml.nvmlDeviceGetSamples(handle, sample_type, last_seen_us)
+    value_type = ctypes.c_uint()
+    count = ctypes.c_uint(SAMPLE_CAPACITY)
+    samples = (nvml.c_nvmlSample_t * SAMPLE_CAPACITY)()
+    code = function_pointer("nvmlDeviceGetSamples")(
+        handle,
+        ctypes.c_uint(sample_type),
+        ctypes.c_ulonglong(last_seen_us),
+        ctypes.byref(value_type),
+        ctypes.byref(count),
+        samples,
+    )
+    if code != SUCCESS:
+        raise nvml.NVMLError(code)
+    return value_type.value, samples[: count.value]
+
+
 def handle_key(handle: Any) -> Hashable:
     """A hashable identity for a device handle: the address behind a ctypes pointer (two pointer objects
     to one device compare unequal), or the handle itself for bindings whose handles are plain objects."""
@@ -160,22 +192,37 @@ class GpuContext:
         *args: Any,
         quiet: Sequence[int] = (),
         handle: Any = None,
-        support_key: Hashable = None,
     ) -> Any:
         """``nvml.<call>(handle, *args)``, or None when it failed or is known to be unsupported.
 
         ``quiet`` return codes mean "no data" for this call (e.g. NOT_FOUND: no new samples) and are
-        neither counted nor learned. Support is learned per call and arguments, or per ``support_key``
-        where some arguments vary from poll to poll. ``handle`` reads a sub-device (a MIG instance)
-        instead of the GPU; support is not learned for those, since sub-devices come and go.
+        neither counted nor learned. Support is learned per call and arguments. ``handle`` reads a
+        sub-device (a MIG instance) instead of the GPU; support is not learned for those, since sub-devices
+        come and go.
         """
-        key = (call, *args) if support_key is None else (call, support_key)
+        key = (call, *args)
         if handle is None:
             if key in self.device.unsupported:
                 return None
             handle = self.device.handle
         learn = handle is self.device.handle
         return self._call(call, key, lambda fn: fn(handle, *args), quiet, learn)
+
+    def read_samples(self, sample_type: int, last_seen_us: int) -> tuple[int, list] | None:
+        """NVML's samples of ``sample_type`` newer than ``last_seen_us`` (:func:`get_samples`), or None when
+        there are none (NOT_FOUND) or the call failed; support is learned per sample type."""
+        call = "nvmlDeviceGetSamples"
+        key = (call, sample_type)
+        if key in self.device.unsupported:
+            return None
+        handle = self.device.handle
+        return self._call(
+            call,
+            key,
+            lambda _: get_samples(self.nvml, handle, sample_type, last_seen_us),
+            (ERROR_NOT_FOUND,),
+            learn=True,
+        )
 
     def read_first(self, calls: Sequence[str], *args: Any) -> Any:
         """Read the first of ``calls`` (a current name, then older ones) that this GPU supports."""

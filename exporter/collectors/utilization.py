@@ -9,7 +9,7 @@ samples (or none arrived since the last poll) the point reading is used instead.
 
 from __future__ import annotations
 
-from ..nvml import ERROR_NOT_FOUND, GpuContext, union_value
+from ..nvml import GpuContext, union_value
 from ..samples import MetricSpec, gpu_gauge
 
 GPU_UTILIZATION = gpu_gauge(
@@ -50,10 +50,7 @@ def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
     """Mean of the samples newer than those seen at the previous poll, in percent; None if there are none."""
     state_key = f"utilization.last_sample_us.{sample_type}"
     last_seen = gpu.device.state.get(state_key, 0)
-    # NOT_FOUND: the buffer holds nothing newer than last_seen.
-    result = gpu.read(
-        "nvmlDeviceGetSamples", sample_type, last_seen, quiet=(ERROR_NOT_FOUND,), support_key=sample_type
-    )
+    result = gpu.read_samples(sample_type, last_seen)
     if not result:
         return None
     value_type, samples = result
