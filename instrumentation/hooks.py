@@ -103,12 +103,6 @@ def _input_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
-def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
-    """(batch, new tokens) of a forward call."""
-    tensor = _input_tensor(args, kwargs)
-    return (0, 0) if tensor is None else (tensor.shape[0], tensor.shape[1])
-
-
 def _kv_size(output: Any) -> KVCacheSize | None:
     cache = output_cache(output)
     return None if cache is None else measure(cache)
@@ -320,7 +314,8 @@ class ModelInstrumentation:
             if tensor is not None and tensor.device != placement.device:
                 self.follow()
                 placement = self.placement
-            self._local.start = (placement, placement.clock.mark(), time.perf_counter())
+            shape = (0, 0) if tensor is None else (tensor.shape[0], tensor.shape[1])
+            self._local.start = (placement, shape, placement.clock.mark(), time.perf_counter())
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
@@ -333,11 +328,8 @@ class ModelInstrumentation:
             series.heartbeat()
             if started is None:  # installed while this forward was running
                 return
-            placement, start, start_host = started
+            placement, (batch, new_tokens), start, start_host = started
             clock = placement.clock
-            batch, new_tokens = _input_shape(args, kwargs)
-            if batch:
-                series.batch_size.observe(batch)
             request = CURRENT_REQUEST.get()
             if request is not None and request.clock is not clock:
                 request = None  # a tracked request on another clock: time the forward on its own
@@ -357,12 +349,12 @@ class ModelInstrumentation:
                 work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
             tokens = 1 if request is not None and request.owner is self else 0
             if request is not None:
-                request.drain()  # earlier steps, complete since generate's last synchronization
+                request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
             # recorded, so the hook's own bookkeeping before it counts as part of the step (the caller
             # waits for it too) instead of widening the gap to whoever reads the clock next.
             end, end_host = clock.mark(), time.perf_counter()
-            step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host)
+            step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host, batch)
             if request is None:
                 loose = LooseForward(clock, step)
                 if not loose.complete():

@@ -19,12 +19,27 @@ from inferwatch.instrumentation.series import ModelSeries
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
 RESOLVE_DEADLINE_SECONDS = 120.0
+# Steps are resolved this many at a time: between two forwards the model evicts inferwatch's code and data
+# from the CPU caches, so resolving one step per forward pays the cold start every time
+# (docs/benchmarks.md, hook_cost.py). Observations appear at most this many steps late.
+DRAIN_BATCH = 8
 
 
 class Step:
     """One forward pass (``phase`` set) and/or the tokens that became available when it ended."""
 
-    __slots__ = ("device", "end", "end_host", "phase", "series", "start", "start_host", "tokens", "work")
+    __slots__ = (
+        "batch",
+        "device",
+        "end",
+        "end_host",
+        "phase",
+        "series",
+        "start",
+        "start_host",
+        "tokens",
+        "work",
+    )
 
     def __init__(
         self,
@@ -37,6 +52,7 @@ class Step:
         work: float,
         start_host: float | None,
         end_host: float,
+        batch: int = 0,
     ) -> None:
         self.series = series  # the series of the model whose forward this is
         self.device = device
@@ -49,11 +65,14 @@ class Step:
         # enqueued it, a bound Request uses to check its anchor.
         self.start_host = start_host
         self.end_host = end_host
+        self.batch = batch  # sequences in the forward; 0 when its input had no batch dimension
 
     def account_forward(self, clock: Clock) -> float:
-        """Observe the forward's device time; return it."""
+        """Observe the forward's device time and batch size; return the time."""
         seconds = clock.elapsed(self.start, self.end)
         self.series.add_forward(self.device, self.phase, seconds, self.work)
+        if self.batch:
+            self.series.batch_size.observe(self.batch)
         return seconds
 
 
@@ -111,6 +130,11 @@ class Request:
         """The request's KV-cache bytes at its last measurement."""
         return 0 if self._kv is None else self._kv.bytes
 
+    def drain_batch(self) -> None:
+        """:meth:`drain` once DRAIN_BATCH steps are pending."""
+        if len(self._pending) >= DRAIN_BATCH:
+            self.drain()
+
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
         pending, clock = self._pending, self.clock
@@ -156,20 +180,21 @@ class Request:
                 self._first_forward_start = end - seconds if step.start_host is None else step.start_host
             clock.release(step.start)
         if step.tokens:
+            # The request's own state first: an observation that fails costs only itself.
+            previous, self._last_token = self._last_token, end
+            self._token_steps += step.tokens
             series = self.series
-            if self._first_token is None:
+            if previous is None:
                 self._first_token = end
                 series.ttft.observe(end - self.entry)
                 start = self._first_forward_start
                 series.prefill.observe(end - (self.entry if start is None else start))
             else:
-                gap = end - self._last_token
+                gap = end - previous
+                self._max_gap = max(self._max_gap, gap)
                 per_token = gap / step.tokens
                 for _ in range(step.tokens):
                     series.itl.observe(per_token)
-                self._max_gap = max(self._max_gap, gap)
-            self._last_token = end
-            self._token_steps += step.tokens
         clock.release(step.end)
 
     # -- the end of a request --------------------------------------------------------------------------

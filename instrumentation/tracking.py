@@ -75,7 +75,7 @@ class RequestTracker:
             request.count_tokens(k)
             end, end_host = self._clock.mark(), time.perf_counter()
             request.add(Step(self._series, self._device_label, None, None, end, k, 0.0, None, end_host))
-            request.drain()
+            request.drain_batch()
         except Exception as exc:
             self._errors.report("track", exc)
 

@@ -6,6 +6,7 @@ import traceback
 
 import pytest
 import torch
+from inferwatch.instrumentation.request import DRAIN_BATCH
 from inferwatch.instrumentation.series import series_for
 
 from tests.unit.instrumentation.conftest import batch_of, metric
@@ -81,7 +82,9 @@ def test_simulated_oom_is_counted_then_reraised(gpt2, registry, instrumented, er
 
 def test_internal_error_is_contained_and_counted(llama, registry, instrumented, monkeypatch, caplog) -> None:
     ids, mask = batch_of("contained")
-    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    # More steps than a drain batch, so the broken observer runs inside the forward hook.
+    new_tokens = DRAIN_BATCH + 4
+    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
     handle = instrumented(llama, model_name="m")
     series = series_for(handle._instrumentation.metrics, "m")
 
@@ -90,8 +93,8 @@ def test_internal_error_is_contained_and_counted(llama, registry, instrumented, 
 
     monkeypatch.setattr(series.ttft, "observe", broken_observe)
     with caplog.at_level("WARNING", logger="inferwatch.instrumentation"):
-        out = llama.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
-        out_again = llama.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        out = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+        out_again = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
     assert handle.flush()
     assert torch.equal(out, expected) and torch.equal(out_again, expected)
     errors = metric(registry, "llm_instrumentation_errors_total", stage="forward_post")
@@ -101,7 +104,7 @@ def test_internal_error_is_contained_and_counted(llama, registry, instrumented, 
     assert "ZeroDivisionError" in caplog.text
     # Everything that does not depend on the broken observer is still right.
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 2
-    assert metric(registry, "llm_generation_tokens_total", model="m") == 8
+    assert metric(registry, "llm_generation_tokens_total", model="m") == 2 * new_tokens * ids.shape[0]
 
 
 def test_error_in_the_exit_path_is_contained(gpt2, registry, instrumented, monkeypatch) -> None:
