@@ -96,36 +96,11 @@ def union_value(value_type: int, value: Any) -> float:
     return float(getattr(value, _VALUE_MEMBERS[value_type]))
 
 
-# Room for every utilization sample the driver keeps. NVML fills at most this many, oldest first, so a
-# poll that found more would average the rest at the next poll.
-SAMPLE_CAPACITY = 256
-
-
-def get_samples(nvml: ModuleType, handle: Any, sample_type: int, last_seen_us: int) -> tuple[int, list]:
-    """``nvmlDeviceGetSamples`` in one driver call: (value type, samples newer than ``last_seen_us``).
-
-    pynvml's wrapper calls the C function twice, once for the count and once for the samples, and each
-    call costs milliseconds of driver time on recent GPUs (tests/benchmarks/nvml_call_cost.py); one call
-    into a buffer sized for the whole ring does the same work. A binding without pynvml's ctypes internals
-    (the test suite's stand-in) is asked through its ``nvmlDeviceGetSamples``.
-    """
-    function_pointer = getattr(nvml, "_nvmlGetFunctionPointer", None)
-    if function_pointer is None:
-        return nvml.nvmlDeviceGetSamples(handle, sample_type, last_seen_us)
-    value_type = ctypes.c_uint()
-    count = ctypes.c_uint(SAMPLE_CAPACITY)
-    samples = (nvml.c_nvmlSample_t * SAMPLE_CAPACITY)()
-    code = function_pointer("nvmlDeviceGetSamples")(
-        handle,
-        ctypes.c_uint(sample_type),
-        ctypes.c_ulonglong(last_seen_us),
-        ctypes.byref(value_type),
-        ctypes.byref(count),
-        samples,
-    )
-    if code != SUCCESS:
-        raise nvml.NVMLError(code)
-    return value_type.value, samples[: count.value]
+# NVML readings that cost milliseconds each (a round trip to the GPU's firmware on recent GPUs) where the
+# other calls of a poll take microseconds (tests/benchmarks/nvml_call_cost.py: 2.8 ms per utilization
+# sample buffer and 3-4 ms for the energy counter on an H200, against a 12.8 ms poll). Each is read on its
+# own turn, one per poll, and its last value served in between, so no poll pays for all of them.
+FIRMWARE_READINGS = ("gpu_utilization_samples", "memory_bandwidth_utilization_samples", "energy")
 
 
 def handle_key(handle: Any) -> Hashable:
@@ -158,6 +133,7 @@ class GpuDevice:
     cache: dict[Hashable, Any] = field(default_factory=dict)
     # Per-collector memory between polls (e.g. the newest utilization sample already averaged).
     state: dict[str, Any] = field(default_factory=dict)
+    collections: int = 0  # collections started on this GPU: whose turn a firmware reading is
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -178,6 +154,8 @@ class GpuContext:
         self.current_call: str | None = None
         self.process_ids: set[int] = set()
         self._errors = errors
+        self._turn = device.collections % len(FIRMWARE_READINGS)
+        device.collections += 1
 
     @property
     def index(self) -> int:
@@ -208,9 +186,21 @@ class GpuContext:
         learn = handle is self.device.handle
         return self._call(call, key, lambda fn: fn(handle, *args), quiet, learn)
 
+    def firmware_reading(self, reading: str, read: Callable[[], float | None]) -> float | None:
+        """The value of ``reading`` (one of FIRMWARE_READINGS): ``read()`` on its turn or while no value is
+        known, else the value read last. A failed read leaves the series out until the next read."""
+        state = self.device.state
+        if reading not in state or FIRMWARE_READINGS[self._turn] == reading:
+            value = read()
+            if value is None:
+                state.pop(reading, None)
+            else:
+                state[reading] = value
+        return state.get(reading)
+
     def read_samples(self, sample_type: int, last_seen_us: int) -> tuple[int, list] | None:
-        """NVML's samples of ``sample_type`` newer than ``last_seen_us`` (:func:`get_samples`), or None when
-        there are none (NOT_FOUND) or the call failed; support is learned per sample type."""
+        """``nvmlDeviceGetSamples``: (value type, samples of ``sample_type`` newer than ``last_seen_us``), or
+        None when there are none (NOT_FOUND) or the call failed; support is learned per sample type."""
         call = "nvmlDeviceGetSamples"
         key = (call, sample_type)
         if key in self.device.unsupported:
@@ -219,7 +209,7 @@ class GpuContext:
         return self._call(
             call,
             key,
-            lambda _: get_samples(self.nvml, handle, sample_type, last_seen_us),
+            lambda fn: fn(handle, sample_type, last_seen_us),
             (ERROR_NOT_FOUND,),
             learn=True,
         )

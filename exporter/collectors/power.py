@@ -1,4 +1,9 @@
-"""Power draw, the enforced power limit, and energy as a counter."""
+"""Power draw, the enforced power limit, and energy as a counter.
+
+Power and the limit are read every poll (microseconds each). The energy counter costs milliseconds to read
+and changes only every ~100 ms (tests/benchmarks/nvml_call_cost.py), so it is a firmware reading, read
+every third poll: ``rate()`` over it loses nothing but freshness of a few seconds.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,6 @@ class PowerCollector:
         limit_milliwatts = gpu.read("nvmlDeviceGetEnforcedPowerLimit")
         if limit_milliwatts is not None:
             gpu.emit(POWER_LIMIT, limit_milliwatts / 1000)
-        millijoules = gpu.read("nvmlDeviceGetTotalEnergyConsumption")
+        millijoules = gpu.firmware_reading("energy", lambda: gpu.read("nvmlDeviceGetTotalEnergyConsumption"))
         if millijoules is not None:
             gpu.emit(ENERGY, millijoules / 1000)

@@ -1,13 +1,17 @@
 """GPU and memory-bandwidth utilization, averaged over NVML's samples since the previous poll.
 
-NVML keeps a ring buffer of utilization samples (one every ~1/6 s on recent GPUs). A single
-``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most exporters report, covers only the
-driver's last sample period, so a 1 s poll of a bursty decode loop sees a random phase of it. Averaging
-every sample newer than the last one seen gives the true mean over the poll interval. When a GPU keeps no
-samples (or none arrived since the last poll) the point reading is used instead.
+NVML keeps a ring buffer of utilization samples (one every ~1/6 s on recent GPUs, ~70 held on an H200). A
+single ``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most exporters report, covers only
+the driver's last sample period, so a 1 s poll of a bursty decode loop sees a random phase of it.
+Averaging every sample newer than the last one seen gives the true mean since the previous reading. Each
+buffer costs milliseconds to read, so each is read on its own poll turn, every third poll (see
+``FIRMWARE_READINGS`` in ``nvml.py``): the mean then covers three poll intervals, none of them missed.
+When a GPU keeps no samples (or none arrived since the last reading) the point reading is used instead.
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..nvml import GpuContext, union_value
 from ..samples import MetricSpec, gpu_gauge
@@ -24,10 +28,15 @@ MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge(
 # nvmlSamplingType_t
 _GPU_UTILIZATION_SAMPLES = 1
 _MEMORY_UTILIZATION_SAMPLES = 2
-# (metric, sample type, attribute of the point reading nvmlUtilization_t)
-_KINDS: tuple[tuple[MetricSpec, int, str], ...] = (
-    (GPU_UTILIZATION, _GPU_UTILIZATION_SAMPLES, "gpu"),
-    (MEMORY_BANDWIDTH_UTILIZATION, _MEMORY_UTILIZATION_SAMPLES, "memory"),
+# (metric, firmware reading, sample type, attribute of the point reading nvmlUtilization_t)
+_KINDS: tuple[tuple[MetricSpec, str, int, str], ...] = (
+    (GPU_UTILIZATION, "gpu_utilization_samples", _GPU_UTILIZATION_SAMPLES, "gpu"),
+    (
+        MEMORY_BANDWIDTH_UTILIZATION,
+        "memory_bandwidth_utilization_samples",
+        _MEMORY_UTILIZATION_SAMPLES,
+        "memory",
+    ),
 )
 
 
@@ -35,15 +44,19 @@ class UtilizationCollector:
     name = "utilization"
 
     def collect(self, gpu: GpuContext) -> None:
-        point = None
-        for spec, sample_type, attribute in _KINDS:
-            percent = _mean_of_new_samples(gpu, sample_type)
-            if percent is None:
-                point = point or gpu.read("nvmlDeviceGetUtilizationRates")
-                if point is None:
-                    continue
-                percent = getattr(point, attribute)
-            gpu.emit(spec, percent / 100)
+        for spec, reading, sample_type, attribute in _KINDS:
+            percent = gpu.firmware_reading(reading, functools.partial(_percent, gpu, sample_type, attribute))
+            if percent is not None:
+                gpu.emit(spec, percent / 100)
+
+
+def _percent(gpu: GpuContext, sample_type: int, attribute: str) -> float | None:
+    """The mean of the new samples, else the point reading (cheap: the driver answers it from memory)."""
+    percent = _mean_of_new_samples(gpu, sample_type)
+    if percent is None:
+        point = gpu.read("nvmlDeviceGetUtilizationRates")
+        percent = None if point is None else getattr(point, attribute)
+    return percent
 
 
 def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:

@@ -4,10 +4,9 @@ Three parts, on the first selected GPU:
 
 * **per call**: the exporter's own collectors run ``--polls`` times through a binding that times every
   NVML function, so the figures are those of the exact calls and arguments a poll makes;
-* **side by side**: ways to read the same values, interleaved ``--repeat`` times: utilization samples
-  through pynvml's ``nvmlDeviceGetSamples`` (which calls the C function twice, once for the count) against
-  the exporter's single call into a fixed buffer; power draw, enforced limit and energy as three calls,
-  against one ``nvmlDeviceGetFieldValues`` call, against the energy counter alone;
+* **side by side**: ways to read the same values, interleaved ``--repeat`` times: a second's worth of
+  utilization samples against the point reading; power draw, enforced limit and energy as three calls,
+  against one ``nvmlDeviceGetFieldValues`` call, against each alone;
 * **energy counter**: how often ``nvmlDeviceGetTotalEnergyConsumption`` changes value, and the mean power
   derived from its delta over one second beside ``nvmlDeviceGetPowerUsage`` read in the same second.
 
@@ -31,7 +30,7 @@ from typing import Any
 import pynvml
 from inferwatch.exporter.collectors import gpu_collectors
 from inferwatch.exporter.config import ExporterConfig
-from inferwatch.exporter.nvml import GpuContext, NvmlSession, get_samples
+from inferwatch.exporter.nvml import GpuContext, NvmlSession
 from inferwatch.exporter.selfmetrics import NVML_ERRORS, Tally
 
 GPU_UTILIZATION_SAMPLES = 1
@@ -85,17 +84,12 @@ def side_by_side(handle: Any, repeat: int) -> dict[str, dict[str, float]]:
     """Median and p90 (ms) of each way of reading, the ways interleaved so drift hits them all alike."""
     last_seen = [int(time.time() * 1e6) - 2_000_000]
 
-    def samples_one_call() -> None:
-        with contextlib.suppress(pynvml.NVMLError_NotFound):
-            get_samples(pynvml, handle, GPU_UTILIZATION_SAMPLES, last_seen[0])
-
-    def samples_pynvml() -> None:
+    def samples() -> None:
         with contextlib.suppress(pynvml.NVMLError_NotFound):
             pynvml.nvmlDeviceGetSamples(handle, GPU_UTILIZATION_SAMPLES, last_seen[0])
 
     ways: dict[str, Callable[[], Any]] = {
-        "utilization samples, pynvml (2 C calls)": samples_pynvml,
-        "utilization samples, one call": samples_one_call,
+        "utilization samples since 1 s ago": samples,
         "utilization point reading": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
         "power: usage + enforced limit + energy, 3 calls": lambda: (
             pynvml.nvmlDeviceGetPowerUsage(handle),

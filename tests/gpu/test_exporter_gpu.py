@@ -269,28 +269,3 @@ def test_the_exporter_never_loads_torch_and_stays_small(exporter: Exporter) -> N
     assert not [path for path in mapped if "/torch/lib/" in path or "/torch/_C" in path]
     assert any("libnvidia-ml" in path for path in mapped)  # the maps do list NVML, which it did load
     assert sample_value(exporter(), "process_resident_memory_bytes") < 60 * MIB
-
-
-def test_samples_in_one_call_are_the_samples_pynvml_returns() -> None:
-    import pynvml
-    from inferwatch.exporter.nvml import get_samples
-
-    pynvml.nvmlInit()
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(GPU)
-        for sample_type in (1, 2):  # GPU and memory-bandwidth utilization
-            value_type, ours = get_samples(pynvml, handle, sample_type, 0)
-            their_type, theirs = pynvml.nvmlDeviceGetSamples(handle, sample_type, 0)
-            assert value_type == their_type
-            assert ours, "the driver keeps utilization samples on this GPU"
-            # Read one after the other, the ring may have moved by a sample: compare the span both hold.
-            mine = {(s.timeStamp, s.sampleValue.uiVal) for s in ours}
-            other = {(s.timeStamp, s.sampleValue.uiVal) for s in theirs}
-            low = max(min(mine)[0], min(other)[0])
-            high = min(max(mine)[0], max(other)[0])
-            assert {p for p in mine if low <= p[0] <= high} == {p for p in other if low <= p[0] <= high}
-            newest = max(mine)[0]
-            with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer than the newest, as pynvml says
-                get_samples(pynvml, handle, sample_type, newest + 10_000_000)
-    finally:
-        pynvml.nvmlShutdown()

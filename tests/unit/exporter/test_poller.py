@@ -324,3 +324,26 @@ def test_calls_older_drivers_lack_fall_back_to_their_predecessors(
     assert len([s for s in parse_samples(text) if s.name == "gpu_clocks_event_active"]) == 7  # mask 0x7F
     assert gpu_value(text, "gpu_memory_used_bytes", 0) == 20 * GIB + GIB // 2  # v1 counts reserved as used
     assert gpu_value(text, "gpu_memory_reserved_bytes", 0) is None
+
+
+def test_firmware_readings_take_turns_and_their_last_values_are_served_between(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    fake.reset(gpus=1)
+    poller = make_poller()
+    poller.collect()  # the first poll reads everything: every series is there from the start
+    assert fake.calls[(0, "nvmlDeviceGetSamples")] == 2
+    assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1
+    firmware = ("nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption")
+    for _ in range(6):
+        before = {call: fake.calls[(0, call)] for call in firmware}
+        poller.collect()
+        made = sum(fake.calls[(0, call)] - before[call] for call in firmware)
+        assert made == 1, "one slow reading per poll"
+        text = render(poller)
+        assert gpu_value(text, "gpu_utilization_ratio", 0) is not None
+        assert gpu_value(text, "gpu_memory_bandwidth_utilization_ratio", 0) is not None
+        assert gpu_value(text, "gpu_energy_joules_total", 0) is not None
+        assert gpu_value(text, "gpu_power_watts", 0) == 350  # cheap: read every poll
+    assert fake.calls[(0, "nvmlDeviceGetSamples")] == 2 + 4
+    assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1 + 2
