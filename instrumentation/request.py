@@ -144,6 +144,8 @@ class Request:
             if self.anchor.event is not None and not clock.ready(self.anchor.event):
                 return False
             self._anchored = True
+        if self._first_token is None:
+            self._bound_anchor_lag()
         while pending:
             step = pending[0]
             if not clock.ready(step.end):
@@ -166,11 +168,20 @@ class Request:
             lag = max(lag, step.start_host - clock.host_time(anchor, step.start))
         return max(lag, 0.0)
 
+    def _bound_anchor_lag(self) -> None:
+        """Tighten the anchor's lag with every complete pending step, before the first token is placed.
+
+        Each step gives a lower bound, tightest for a mark the device reached right after the host
+        recorded it (a decode step's start: generate's loop waited for the device just before). The bound
+        is fixed once the first token is observed, so later gaps (differences of marks) stay exact.
+        """
+        for step in self._pending:
+            if not self.clock.ready(step.end):
+                break
+            self._anchor_lag = max(self._anchor_lag, self._anchor_lag_bound(step))
+
     def _resolve(self, step: Step) -> None:
         clock = self.clock
-        if self._first_token is None and step.tokens:
-            # Fixed at the first token, so later gaps (differences of marks) stay exact.
-            self._anchor_lag = max(self._anchor_lag, self._anchor_lag_bound(step))
         end = clock.host_time(self.anchor, step.end) + self._anchor_lag
         if step.phase is not None:
             seconds = step.account_forward(clock)
