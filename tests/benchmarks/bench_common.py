@@ -60,12 +60,17 @@ class StepTimer:
         self._handle.remove()
 
 
-def greedy_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Exactly ``new_tokens`` greedy tokens per row (EOS cannot end a benchmark request early)."""
+def greedy_generate(
+    model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Exactly ``new_tokens`` greedy tokens per row (EOS cannot end a benchmark request early).
+
+    ``attention_mask`` defaults to all ones, made here; a caller timing the call passes one made before.
+    """
     with torch.no_grad():
         return model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             do_sample=False,
