@@ -5,6 +5,8 @@ For each model and mode, with the modes' order rotated every repetition so drift
 
 * TTFT — wall time of ``generate(max_new_tokens=1)``;
 * decode tokens/s — generated tokens / wall time of ``generate(max_new_tokens=N)``;
+* "vs none" — the median over repetitions of a mode's figure divided by the same repetition's
+  uninstrumented one (paired, so slow drift of the host's speed cancels);
 * synchronizations per decode step — explicit ones (``torch.cuda.synchronize``, ``Event.synchronize``,
   ``Stream.synchronize`` wrapped, every thread) and implicit ones (``torch.cuda.set_sync_debug_mode``
   warnings: ``.item()``, device-to-host copies), beyond what plain ``generate`` does.
@@ -154,8 +156,10 @@ def measure_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "mode": mode.name,
                 "ttft_ms": median(ttft[mode.name]) * 1e3,
                 "tokens_per_s": median(tps[mode.name]),
-                "ratio": median(tps[mode.name]) / median(tps["none"]),
-                "ttft_ratio": median(ttft[mode.name]) / median(ttft["none"]),
+                # Paired: each repetition's run against the same repetition's uninstrumented one, a few
+                # seconds apart, so drift of the host's speed over the run cancels.
+                "ratio": median([a / b for a, b in zip(tps[mode.name], tps["none"], strict=True)]),
+                "ttft_ratio": median([a / b for a, b in zip(ttft[mode.name], ttft["none"], strict=True)]),
                 "added_explicit_syncs_per_step": (syncs.explicit - base_syncs.explicit) / args.sync_tokens,
                 "added_implicit_syncs_per_step": (syncs.implicit - base_syncs.implicit) / args.sync_tokens,
             }
