@@ -1,4 +1,4 @@
-"""GPU and memory-bandwidth utilization, averaged over NVML's samples since the previous poll.
+"""GPU and memory-bandwidth utilization, averaged over NVML's samples since the previous reading.
 
 NVML keeps a ring buffer of utilization samples (one every ~1/6 s on recent GPUs, ~70 held on an H200). A
 single ``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most exporters report, covers only
@@ -18,11 +18,11 @@ from ..samples import MetricSpec, gpu_gauge
 
 GPU_UTILIZATION = gpu_gauge(
     "gpu_utilization_ratio",
-    "Fraction of time a kernel was running, mean of the NVML samples since the previous poll.",
+    "Fraction of time a kernel was running: mean of NVML's samples since the last reading (every 3rd poll).",
 )
 MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge(
     "gpu_memory_bandwidth_utilization_ratio",
-    "Fraction of time device memory was read or written, mean of the NVML samples since the previous poll.",
+    "Fraction of time device memory was read or written: mean of NVML's samples since the last reading.",
 )
 
 # nvmlSamplingType_t
@@ -60,7 +60,7 @@ def _percent(gpu: GpuContext, sample_type: int, attribute: str) -> float | None:
 
 
 def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
-    """Mean of the samples newer than those seen at the previous poll, in percent; None if there are none."""
+    """Mean of the samples newer than those seen at the last reading, in percent; None if there are none."""
     state_key = f"utilization.last_sample_us.{sample_type}"
     last_seen = gpu.device.state.get(state_key, 0)
     result = gpu.read_samples(sample_type, last_seen)
