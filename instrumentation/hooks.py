@@ -315,7 +315,8 @@ class ModelInstrumentation:
                 self.follow()
                 placement = self.placement
             shape = (0, 0) if tensor is None else (tensor.shape[0], tensor.shape[1])
-            self._local.start = (placement, shape, placement.clock.mark(), time.perf_counter())
+            start_host = time.perf_counter()  # read before the mark: no mark completes before this
+            self._local.start = (placement, shape, placement.clock.mark(), start_host)
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
@@ -353,7 +354,8 @@ class ModelInstrumentation:
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
             # recorded, so the hook's own bookkeeping before it counts as part of the step (the caller
             # waits for it too) instead of widening the gap to whoever reads the clock next.
-            end, end_host = clock.mark(), time.perf_counter()
+            end_host = time.perf_counter()
+            end = clock.mark()
             step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host, batch)
             if request is None:
                 loose = LooseForward(clock, step)

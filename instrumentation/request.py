@@ -1,8 +1,9 @@
 """A request's timeline: marks recorded in the hot path, turned into observations once the device is done.
 
 Hooks only *record* (a CUDA event or a host reading, plus shapes). Observations are made when a mark
-is known to be complete (``Clock.ready``): at the next step of the same request (generate's loop has
-synchronized by then), at the request's exit, or on the background sampler if the device is still busy.
+is known to be complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps
+are pending (generate's loop has synchronized by then), at the request's exit, or on the background
+sampler if the device is still busy.
 Everything here runs in one thread at a time: the serving thread while the request runs, then the
 sampler if the request was handed over (:meth:`Request.complete` returned False).
 """
@@ -61,19 +62,18 @@ class Step:
         self.end = end
         self.tokens = tokens  # tokens per sequence that were ready at `end`
         self.work = work  # decode: bytes the step read; prefill: FLOPs it computed
-        # perf_counter when the marks were recorded: the device cannot reach a mark before the host
-        # enqueued it, a bound Request uses to check its anchor.
+        # perf_counter read just before the marks were recorded: the device cannot reach a mark before
+        # the host enqueued it, a bound Request uses to check its anchor.
         self.start_host = start_host
         self.end_host = end_host
         self.batch = batch  # sequences in the forward; 0 when its input had no batch dimension
 
-    def account_forward(self, clock: Clock) -> float:
-        """Observe the forward's device time and batch size; return the time."""
+    def account_forward(self, clock: Clock) -> None:
+        """Observe the forward's device time and batch size."""
         seconds = clock.elapsed(self.start, self.end)
         self.series.add_forward(self.device, self.phase, seconds, self.work)
         if self.batch:
             self.series.batch_size.observe(self.batch)
-        return seconds
 
 
 class Request:
@@ -144,7 +144,7 @@ class Request:
             if self.anchor.event is not None and not clock.ready(self.anchor.event):
                 return False
             self._anchored = True
-        if self._first_token is None:
+        if self._first_token is None and self.anchor.event is not None:  # a host clock has no anchor lag
             self._bound_anchor_lag()
         while pending:
             step = pending[0]
@@ -184,11 +184,17 @@ class Request:
         clock = self.clock
         end = clock.host_time(self.anchor, step.end) + self._anchor_lag
         if step.phase is not None:
-            seconds = step.account_forward(clock)
+            step.account_forward(clock)
             if self._first_forward_start is None:
-                # The prefill starts when the host calls the forward (the ground truth's view); the
-                # device may begin later, which is part of the time the request waits for it.
-                self._first_forward_start = end - seconds if step.start_host is None else step.start_host
+                # The prefill starts once the host has called the forward and the device has finished
+                # the work queued before it: the later of the two, as the synchronize-based ground truth
+                # sees it. Waiting for earlier work counts in TTFT, not in the prefill. Mapped device
+                # times are never late (the anchor lag is a lower bound), so neither is this start.
+                device_start = clock.host_time(self.anchor, step.start) + self._anchor_lag
+                host_start = step.start_host
+                self._first_forward_start = (
+                    device_start if host_start is None else max(host_start, device_start)
+                )
             clock.release(step.start)
         if step.tokens:
             # The request's own state first: an observation that fails costs only itself.

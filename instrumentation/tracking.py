@@ -73,7 +73,8 @@ class RequestTracker:
         try:
             self._series.heartbeat()
             request.count_tokens(k)
-            end, end_host = self._clock.mark(), time.perf_counter()
+            end_host = time.perf_counter()  # read before the mark: no mark completes before this
+            end = self._clock.mark()
             request.add(Step(self._series, self._device_label, None, None, end, k, 0.0, None, end_host))
             request.drain_batch()
         except Exception as exc:
