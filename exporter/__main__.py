@@ -10,9 +10,8 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
-from inferwatch.cli import UsageError
-
 from .config import PROG, ExporterConfig, parse_config
+from .errors import ConfigError, ListenError
 from .exposition import Exposition
 from .nvml import load_binding
 from .poller import Poller
@@ -67,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             config.telemetry_path,
             web,
         )
-    except UsageError as exc:
+    except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        print(f"{PROG}: {exc.strerror}", file=sys.stderr)
         return 2
 
     stop = threading.Event()

@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferwatch.cli import UsageError
-
+from .errors import ConfigError
 from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
 
 PROG = "inferwatch-exporter"
@@ -292,7 +291,7 @@ file, an address that cannot be listened on.
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
+        raise ConfigError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,7 +340,7 @@ def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterConfig | None:
     """The configuration from ``argv`` and ``environ``; None when only ``--version`` was asked.
 
-    Raises :class:`inferwatch.cli.UsageError` on any bad value.
+    Raises :class:`.errors.ConfigError` (a ``ValueError``) on any bad value.
     """
     args = build_parser().parse_args(argv)
     if args.version:
@@ -357,7 +356,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
                 given = option.parse(raw)
             except ValueError as exc:
                 source = option.env if option.env in environ else option.flag
-                raise UsageError(f"{source}: {exc}") from None
+                raise ConfigError(f"{source}: {exc}") from None
         values[option.field] = given
     host, port = values.pop("listen_address")
     if values["timeout"] is None:

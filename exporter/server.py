@@ -16,8 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from inferwatch.cli import UsageError
-
+from .errors import ListenError
 from .exposition import Exposition
 from .webconfig import WebConfig
 
@@ -45,7 +44,8 @@ class ExporterServer(ThreadingHTTPServer):
         telemetry_path: str = "/metrics",
         web: WebConfig | None = None,
     ) -> None:
-        """Bind and listen; raises :class:`inferwatch.cli.UsageError` when the address cannot be used."""
+        """Bind and listen; raises :class:`.errors.ListenError` (an ``OSError``, with the failed bind's
+        ``errno``) when the address cannot be used."""
         self.exposition = exposition
         self.ready = ready
         self.telemetry_path = telemetry_path
@@ -55,7 +55,7 @@ class ExporterServer(ThreadingHTTPServer):
         try:
             super().__init__((host or "0.0.0.0", port), _Handler)
         except OSError as exc:
-            raise UsageError(f"cannot listen on {shown}: {exc.strerror or exc}") from None
+            raise ListenError(exc.errno, f"cannot listen on {shown}: {exc.strerror or exc}") from None
 
     @property
     def port(self) -> int:

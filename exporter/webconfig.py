@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferwatch.cli import UsageError
+from .errors import ConfigError
 
 _TOP_KEYS = {"tls_server_config", "basic_auth_users"}
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
@@ -78,21 +78,21 @@ class WebConfig:
 
 
 def load_web_config(path: str) -> WebConfig:
-    """Read and check the file; raises :class:`inferwatch.cli.UsageError` with the reason if unusable."""
+    """Read and check the file; raises :class:`.errors.ConfigError` with the reason if unusable."""
     if not path:
         return WebConfig()
     try:
         import yaml
     except ImportError:
-        raise UsageError(f"--web.config.file {path}: reading it needs PyYAML (pip install pyyaml)") from None
+        raise ConfigError(f"--web.config.file {path}: reading it needs PyYAML (pip install pyyaml)") from None
     try:
         document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise UsageError(f"--web.config.file {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"--web.config.file {path}: {_one_line(exc)}") from None
     try:
         return _build(document if document is not None else {}, Path(path).resolve().parent)
     except (ValueError, OSError, ssl.SSLError) as exc:
-        raise UsageError(f"--web.config.file {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"--web.config.file {path}: {_one_line(exc)}") from None
 
 
 def _build(document: Any, base: Path) -> WebConfig:

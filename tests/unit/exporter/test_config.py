@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from inferwatch.cli import UsageError
 from inferwatch.exporter.config import OPTIONS, build_parser, parse_config, parse_duration
+from inferwatch.exporter.errors import ConfigError
 
 
 def test_defaults() -> None:
@@ -66,7 +66,7 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
 def test_bad_values_raise_a_usage_error_naming_the_source(
     argv: list[str], env: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(UsageError, match="^.*" + message.replace("(", r"\(").replace("[", r"\[")) as caught:
+    with pytest.raises(ConfigError, match="^.*" + message.replace("(", r"\(").replace("[", r"\[")) as caught:
         parse_config(argv, env)
     assert "\n" not in str(caught.value)
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from inferwatch.cli import UsageError
+from inferwatch.exporter.errors import ConfigError
 from inferwatch.exporter.webconfig import BasicAuth, load_web_config
 
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
@@ -56,13 +56,13 @@ def test_tls_and_users_relative_to_the_file(tmp_path: Path, certificate: tuple[P
     ],
 )
 def test_unusable_files_are_usage_errors(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(UsageError, match=message) as caught:
+    with pytest.raises(ConfigError, match=message) as caught:
         load_web_config(write(tmp_path, text))
     assert "\n" not in str(caught.value)
 
 
 def test_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"nothing\.yml"):
+    with pytest.raises(ConfigError, match=r"nothing\.yml"):
         load_web_config(str(tmp_path / "nothing.yml"))
 
 
