@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inferwatch.cli import UsageError
-
 from .config import ConfigError
 from .render import bundled_files, render_to
+
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +38,5 @@ def main(args: argparse.Namespace) -> int:
             target.write_text(text, encoding="utf-8")
             print(target)
         return 0
-    try:
-        print(render_to(args.out, args.config))
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from exc
+    print(render_to(args.out, args.config))
     return 0

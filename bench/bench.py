@@ -27,7 +27,8 @@ from typing import Any
 
 from inferwatch.bench.texts import EVALUATION_TEXTS
 from inferwatch.bench.timing import DeviceClock, summarize
-from inferwatch.cli import UsageError
+
+from .errors import ConfigError
 
 DEFAULT_PROMPT_LENS = (32, 128, 512)
 DEFAULT_MAX_NEW_TOKENS = (64,)
@@ -249,29 +250,29 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
-    """The torch device and dtype of ``--device``/``--dtype``; UsageError when unusable here."""
+    """The torch device and dtype of ``--device``/``--dtype``; ConfigError when unusable here."""
     import torch
     from inferwatch.instrumentation.models import default_device
 
     try:
         torch_device = torch.device(default_device() if device == "auto" else device)
     except RuntimeError as exc:
-        raise UsageError(f"bad --device {device!r}: {exc}") from None
+        raise ConfigError(f"bad --device {device!r}: {exc}") from None
     if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available on this machine")
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine")
     if dtype == "auto":
         return torch_device, torch.bfloat16 if torch_device.type == "cuda" else torch.float32
     return torch_device, getattr(torch, dtype)
 
 
 def load_for_benchmark(spec: str, device: Any, dtype: Any, *, seed: int = 0) -> Any:
-    """A built-in or locally saved model on ``device`` in ``dtype``; UsageError for an unknown spec."""
+    """A built-in or locally saved model on ``device`` in ``dtype``; ConfigError for an unknown spec."""
     from inferwatch.instrumentation.models import UnknownModelError, load_model
 
     try:
         return load_model(spec, device=str(device), dtype=dtype, seed=seed)
     except UnknownModelError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
 
 
 @contextmanager
@@ -370,6 +371,11 @@ def render_table(cases: Sequence[CaseResult], title: str) -> Any:
         "the first token"
     )
     return table
+
+
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,7 +32,8 @@ from inferwatch.bench.bench import (
     resolve_device_dtype,
 )
 from inferwatch.bench.texts import EVALUATION_TEXTS
-from inferwatch.cli import UsageError
+
+from .errors import ConfigError
 
 DEFAULT_PPL_TOLERANCE = 0.02
 # The notes' regression test truncates each text at 512 tokens.
@@ -131,12 +132,12 @@ def build_report(baseline: Side, candidate: Side, args: argparse.Namespace) -> d
 
 
 def import_pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend; UsageError when matplotlib is not installed
+    """matplotlib's pyplot on the file-only Agg backend; ConfigError when matplotlib is not installed
     (it is an optional dependency, in the ``dev`` extra)."""
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'inferwatch[dev]' or matplotlib") from None
+        raise ConfigError("--plot needs matplotlib: pip install 'inferwatch[dev]' or matplotlib") from None
     matplotlib.use("Agg")  # no display is needed; must precede the pyplot import
     from matplotlib import pyplot
 
@@ -241,6 +242,11 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError,)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", help="the reference model: built-in name or save_pretrained() directory")
     parser.add_argument(
@@ -272,7 +278,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.ppl_max_tokens < 2:
-        raise UsageError("--ppl-max-tokens must be at least 2 (a prediction needs a context and a target)")
+        raise ConfigError("--ppl-max-tokens must be at least 2 (a prediction needs a context and a target)")
     # Every input is checked (models found, matplotlib present) before minutes of measuring, not after.
     pyplot = import_pyplot() if args.plot else None
     device, dtype = resolve_device_dtype(args.device, args.dtype)

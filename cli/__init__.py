@@ -6,8 +6,12 @@ Each subcommand module is imported only when it is invoked, so ``inferwatch top`
 * ``add_arguments(parser: argparse.ArgumentParser) -> None``
 * ``main(args: argparse.Namespace) -> int`` (the process exit code)
 
-Bad configuration is reported by raising :class:`UsageError` (or via ``parser.error``): the dispatcher
-prints the message and exits with status 2, the convention of Prometheus exporters and argparse.
+and may name, in ``USAGE_ERRORS``, the exceptions of ``main`` that mean bad configuration: ``ValueError``
+or ``OSError`` subclasses defined with the code that raises them (e.g. ``ConfigError`` of its package, or
+``ListenError`` for an address that cannot be listened on). The dispatcher prints such an exception in
+one line (an ``OSError``'s ``strerror``) and exits with status 2, the convention of Prometheus exporters
+and argparse, whose ``parser.error`` does the same for bad syntax. Nothing else catches them, so library
+code never depends on this package.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(Exception):
-    """Bad configuration given on the command line: reported in one line, exit status 2."""
+def _one_line(exc: BaseException) -> str:
+    """The message of a usage error: an ``OSError``'s ``strerror`` (without the ``[Errno N]`` prefix)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def _top_level_help() -> str:
@@ -62,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(rest)
     try:
         return int(module.main(args) or 0)
-    except UsageError as exc:
-        print(f"inferwatch {name}: {exc}", file=sys.stderr)
+    except tuple(getattr(module, "USAGE_ERRORS", ())) as exc:
+        print(f"inferwatch {name}: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

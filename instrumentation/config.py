@@ -18,6 +18,12 @@ from typing import Any
 
 ENV_PREFIX = "INFERWATCH_"
 
+
+class ConfigError(ValueError):
+    """Bad configuration of ``inferwatch run`` or ``inferwatch demo`` (an option, a variable, a directory);
+    the message names it. The ``inferwatch`` dispatcher prints it in one line and exits with status 2."""
+
+
 # Latency buckets follow the serving engines' conventions (vLLM, TGI) so dashboards and alerts written for
 # them read these histograms the same way; all are in seconds.
 DEFAULT_TTFT_BUCKETS = (

@@ -29,12 +29,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from inferwatch.cli import UsageError
-from inferwatch.instrumentation.config import InstrumentConfig
+from inferwatch.instrumentation.config import ConfigError, InstrumentConfig
 from inferwatch.instrumentation.exposition import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
-    PortInUseError,
+    ListenError,
     start_http_server,
     validate_port,
 )
@@ -61,6 +60,11 @@ class DemoRequest:
 
 
 WARM_UP_REQUEST = DemoRequest(batch_size=1, prompt_len=8, max_new_tokens=2, do_sample=False)
+
+
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError, ListenError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,21 +228,21 @@ def _validate(args: argparse.Namespace) -> None:
     try:
         validate_port(args.port)
     except ValueError as exc:
-        raise UsageError(f"--port: {exc}") from None
+        raise ConfigError(f"--port: {exc}") from None
     if args.model not in BUILTIN_MODELS and not os.path.isdir(args.model):
-        raise UsageError(
+        raise ConfigError(
             f"--model: unknown model {args.model!r}: not a directory, and built-in models are "
             f"{', '.join(BUILTIN_MODELS)}"
         )
     low, high = args.prompt_len_range
     if not 1 <= low <= high:
-        raise UsageError(f"--prompt-len-range: need 1 <= MIN <= MAX, got {low} {high}")
+        raise ConfigError(f"--prompt-len-range: need 1 <= MIN <= MAX, got {low} {high}")
     for option, value, minimum in (
         ("--max-new-tokens", args.max_new_tokens, 1),
         ("--concurrency", args.concurrency, 1),
     ):
         if value < minimum:
-            raise UsageError(f"{option}: must be >= {minimum}, got {value}")
+            raise ConfigError(f"{option}: must be >= {minimum}, got {value}")
     for option, value, allow_zero in (
         ("--duration", args.duration, False),
         ("--summary-interval", args.summary_interval, False),
@@ -246,7 +250,7 @@ def _validate(args: argparse.Namespace) -> None:
         ("--step-sleep", args.step_sleep, True),
     ):
         if value is not None and not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
-            raise UsageError(
+            raise ConfigError(
                 f"{option}: must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value}"
             )
 
@@ -254,7 +258,7 @@ def _validate(args: argparse.Namespace) -> None:
 def _resolve_device(requested: str) -> str:
     device = default_device()
     if requested == "cuda" and device != "cuda":
-        raise UsageError("--device cuda: no usable CUDA device on this machine")
+        raise ConfigError("--device cuda: no usable CUDA device on this machine")
     return device if requested == "auto" else requested
 
 
@@ -362,14 +366,16 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = InstrumentConfig.from_env()
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     device = _resolve_device(args.device)
     try:
         server = start_http_server(args.port, args.addr)
-    except PortInUseError as exc:
-        raise UsageError(exc.strerror) from None
+    except ListenError:  # PortInUseError: its message already names the address
+        raise
     except OSError as exc:
-        raise UsageError(f"cannot serve metrics on {args.addr}:{args.port}: {exc.strerror or exc}") from None
+        raise ListenError(
+            exc.errno, f"cannot serve metrics on {args.addr}:{args.port}: {exc.strerror or exc}"
+        ) from None
     try:
         return _serve(args, config, device, server.url)
     finally:

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 __all__ = [
     "MULTIPROC_DIR_ENV",
+    "ListenError",
     "MetricsServer",
     "PortInUseError",
     "make_asgi_app",
@@ -49,7 +50,11 @@ DEFAULT_PORT = 8000
 DEFAULT_ADDRESS = "127.0.0.1"
 
 
-class PortInUseError(OSError):
+class ListenError(OSError):
+    """The metrics endpoint cannot listen on the address and port asked for; ``strerror`` names them."""
+
+
+class PortInUseError(ListenError):
     """The address and port the metrics endpoint should listen on are taken by another socket."""
 
 

@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferwatch.cli import UsageError
-from inferwatch.instrumentation.config import ENV_PREFIX, InstrumentConfig
+from inferwatch.instrumentation.config import ENV_PREFIX, ConfigError, InstrumentConfig
 from inferwatch.instrumentation.exposition import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
     MULTIPROC_DIR_ENV,
+    ListenError,
     validate_port,
 )
 
@@ -90,6 +90,11 @@ class LaunchSettings:
         if self.multiprocess_dir:
             env[MULTIPROC_DIR_ENV] = self.multiprocess_dir
         return env
+
+
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError, ListenError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,26 +164,26 @@ def _instrument_config_environment(args: argparse.Namespace, environ: Mapping[st
         try:
             InstrumentConfig.from_env({variable: value})
         except ValueError as exc:
-            raise UsageError(f"{_config_option(field)}: {exc}") from None
+            raise ConfigError(f"{_config_option(field)}: {exc}") from None
         env[variable] = value
     try:
         InstrumentConfig.from_env({**environ, **env})
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     return env
 
 
 def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchSettings:
-    """Options over environment over defaults, validated; UsageError on bad configuration."""
+    """Options over environment over defaults, validated; ConfigError on bad configuration."""
     try:
         settings = LaunchSettings.from_env(environ)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     if args.port is not None:
         try:
             validate_port(args.port)
         except ValueError as exc:
-            raise UsageError(f"--port: {exc}") from None
+            raise ConfigError(f"--port: {exc}") from None
     multiprocess_dir = args.multiprocess_dir or settings.multiprocess_dir
     return LaunchSettings(
         port=settings.port if args.port is None else args.port,
@@ -201,7 +206,9 @@ def check_port_free(address: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(sockaddr)
     except OSError as exc:
-        raise UsageError(f"cannot serve metrics on {address}:{port}: {exc.strerror or exc}") from None
+        raise ListenError(
+            exc.errno, f"cannot serve metrics on {address}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 def prepare_multiprocess_dir(path: str) -> None:
@@ -211,7 +218,7 @@ def prepare_multiprocess_dir(path: str) -> None:
         for stale in glob.glob(os.path.join(path, "*.db")):
             os.remove(stale)
     except OSError as exc:
-        raise UsageError(f"--multiprocess-dir {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"--multiprocess-dir {path}: {exc.strerror or exc}") from None
 
 
 def child_environment(
@@ -228,7 +235,7 @@ def child_environment(
 def main(args: argparse.Namespace) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
-        raise UsageError("no program given: inferwatch run [OPTIONS] -- PROGRAM [ARGS...]")
+        raise ConfigError("no program given: inferwatch run [OPTIONS] -- PROGRAM [ARGS...]")
     settings = resolve_settings(args, os.environ)
     config_env = _instrument_config_environment(args, os.environ)
     if settings.serve:

@@ -23,11 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferwatch.cli import UsageError
 from inferwatch.monitor.checks import Diagnosis, Series, Severity, diagnose
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.prometheus import PrometheusClient, PrometheusError
 from inferwatch.monitor.scrape import Snapshot, normalize_url, scrape_round
+
+from .errors import ConfigError
 
 EXIT_FINDINGS = 1
 EXIT_NO_DATA = 3
@@ -107,6 +108,11 @@ class ScrapeSource:
         }
 
 
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError,)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="a Prometheus server scraping the targets")
@@ -163,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _prometheus_source(args: argparse.Namespace) -> PrometheusSource:
     step = args.step or max(1.0, args.window / 30)
     if step > args.window:
-        raise UsageError(f"--step ({step:g}s) is longer than --window ({args.window:g}s)")
+        raise ConfigError(f"--step ({step:g}s) is longer than --window ({args.window:g}s)")
     client = PrometheusClient(args.prometheus, timeout=args.timeout)
     client.version()  # fails here, with one clear line, when the server is not there
     return PrometheusSource(client, args.window, step, promql_duration(args.rate_window))
@@ -171,9 +177,9 @@ def _prometheus_source(args: argparse.Namespace) -> PrometheusSource:
 
 def _scrape_source(args: argparse.Namespace) -> ScrapeSource:
     if args.samples < 2:
-        raise UsageError("--samples must be at least 2: rates need two scrapes")
+        raise ConfigError("--samples must be at least 2: rates need two scrapes")
     if args.interval <= 0:
-        raise UsageError("--interval must be positive")
+        raise ConfigError("--interval must be positive")
     urls = [normalize_url(url) for url in args.endpoint]
     snapshots = []
     for index in range(args.samples):

@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from inferwatch.cli import UsageError
 from inferwatch.monitor.frame import Frame, GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import normalize_url, scrape_round
 from inferwatch.monitor.units import duration, number, percent, size
+
+from .errors import ConfigError
 
 # Where `inferwatch demo` / instrument() and `inferwatch-exporter` listen by default (a test keeps these in
 # step with inferwatch.instrumentation.exposition.DEFAULT_PORT and inferwatch.exporter.config.DEFAULT_PORT,
@@ -45,6 +46,11 @@ def _positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
+#: line and exits with status 2.
+USAGE_ERRORS = (ConfigError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -277,6 +283,6 @@ def _live(urls: Sequence[str], args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     if args.json and not args.once:
-        raise UsageError("--json needs --once: a live view has no single frame to print")
+        raise ConfigError("--json needs --once: a live view has no single frame to print")
     urls = [normalize_url(url) for url in args.urls] or [SERVING_DEFAULT_URL, EXPORTER_DEFAULT_URL]
     return _once(urls, args) if args.once else _live(urls, args)
