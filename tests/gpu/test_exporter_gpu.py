@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.services import start_process
 from tests.support import free_port, http_get, parse_samples, sample_value
+from tests.support.services import start_process
 
 pytestmark = pytest.mark.gpu
 

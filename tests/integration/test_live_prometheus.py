@@ -31,7 +31,8 @@ import yaml
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 
-from tests.integration.services import (
+from tests.support import METRICS_DOC, REPO_ROOT, free_port
+from tests.support.services import (
     Alertmanager,
     Prometheus,
     RunningProcess,
@@ -45,7 +46,6 @@ from tests.integration.services import (
     start_webhook_receiver,
     wait_until,
 )
-from tests.support import METRICS_DOC, REPO_ROOT, free_port
 from tests.unit.alerts.promql import metric_names
 
 pytestmark = pytest.mark.integration

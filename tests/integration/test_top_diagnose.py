@@ -15,7 +15,8 @@ import pytest
 from inferwatch.monitor.expr import Quantile, Rate, Selector
 from inferwatch.monitor.scrape import EndpointScrape, Sample, Snapshot, labels_of
 
-from tests.integration.services import (
+from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
+from tests.support.services import (
     Prometheus,
     RunningProcess,
     require_binary,
@@ -24,7 +25,6 @@ from tests.integration.services import (
     start_prometheus,
     wait_until,
 )
-from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
 
 pytestmark = pytest.mark.integration
 

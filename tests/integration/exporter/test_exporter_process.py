@@ -22,8 +22,8 @@ import pytest
 import requests
 from inferwatch.exporter.config import OPTIONS
 
-from tests.integration.services import RunningProcess, start_exporter, start_process, wait_until
 from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
+from tests.support.services import RunningProcess, start_exporter, start_process, wait_until
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.integration

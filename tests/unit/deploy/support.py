@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from tests.integration.services import require_binary
 from tests.support import REPO_ROOT
+from tests.support.services import require_binary
 
 DEPLOY = REPO_ROOT / "deploy"
 COMPOSE_DIR = DEPLOY / "compose"

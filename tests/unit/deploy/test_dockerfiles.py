@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from deploy.docker import healthcheck
-from tests.integration.services import require_binary, start_process
 from tests.support import REPO_ROOT, free_port
+from tests.support.services import require_binary, start_process
 from tests.unit.deploy.support import DOCKER_DIR, parse_dockerfile, run_tool
 
 DOCKERFILES = {"exporter": DOCKER_DIR / "Dockerfile.exporter", "serving": DOCKER_DIR / "Dockerfile.serving"}

@@ -1,1 +1,2 @@
-"""Tests of serving the instrumentation's metrics: exposition, the launcher, the demo."""
+"""Tests of serving the instrumentation's metrics in-process: the endpoint, mounted apps, the demo's options
+(the launcher, the demo and multiprocess workers as real processes: tests/integration/serving)."""

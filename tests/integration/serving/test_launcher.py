@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.services import wait_until
 from tests.support import http_get, parse_samples, sample_value
-from tests.unit.serving.processes import INFERWATCH, run, spawn
+from tests.support.processes import INFERWATCH, run, spawn
+from tests.support.services import wait_until
+
+pytestmark = pytest.mark.integration
 
 # A serving program as a user writes it, with no inferwatch in it: one model from each construction path
 # (from_config, from_pretrained, direct), each moved to the device argument after it is built and

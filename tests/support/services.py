@@ -1,4 +1,4 @@
-"""Real services for integration tests, each bounded in time and always stopped.
+"""Real services for the tests, each bounded in time and always stopped.
 
 Every helper here is a context manager: it starts a real process (or an in-test HTTP server), waits until
 it answers, yields a small handle, and on exit stops what it started, whether the test passed or not.

@@ -1,4 +1,9 @@
-"""Helpers shared by the test suites: ports, waiting on HTTP, parsing exposition text and docs/metrics.md."""
+"""Helpers shared by the test suites: ports, waiting on HTTP, parsing exposition text and docs/metrics.md.
+
+Its modules serve every tier (unit, integration, gpu): :mod:`.services` starts real services (Prometheus,
+Alertmanager, the demo, the exporter) and :mod:`.processes` runs the ``inferwatch`` command as a process;
+tests import helpers from here, never from another tier's test modules.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
 
 

@@ -1,4 +1,4 @@
-"""Running the ``inferwatch`` command as a real process from the serving tests, always stopped."""
+"""Running the ``inferwatch`` command as a real process, always stopped."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The serving side as real processes: ``inferwatch demo``, ``inferwatch run`` and multiprocess workers."""
