@@ -133,7 +133,12 @@ def test_copies_are_minimal_and_pass_dockerignore(image: str) -> None:
 
 
 def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
-    for path in (".venv/bin/python", ".git/config", "tests/support.py", "deploy/compose/compose.yaml"):
+    for path in (
+        ".venv/bin/python",
+        ".git/config",
+        "tests/support/services.py",
+        "deploy/compose/compose.yaml",
+    ):
         assert not dockerignore_admits(path), path
     assert not dockerignore_admits("exporter/__pycache__/x.cpython-311.pyc")
     assert dockerignore_admits("exporter/__init__.py")
