@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import duration_seconds
+from inferwatch.common.durations import parse_duration
 
 # Labels serving-side series are aggregated by: one series per scrape target and model.
 SERVING_BY = "job, instance, model"
@@ -222,7 +222,7 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         good = _selector(f"{metric}_bucket", serving, (f'le=~"{bucket_bound(settings["target_seconds"])}"',))
         total = _selector(f"{metric}_count", serving, ())
         windows = {settings[speed][w] for speed in ("fast", "slow") for w in ("long_window", "short_window")}
-        for slo_window in sorted(windows, key=duration_seconds):
+        for slo_window in sorted(windows, key=lambda window: parse_duration(window, promql=True)):
             rules.append(
                 {
                     "record": slo_error_record(metric, slo_window),
@@ -451,7 +451,7 @@ def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
     horizon = p["horizon_window"]
     expr = promql(f"""
         (
-          predict_linear({used}[{p["window"]}], {num(duration_seconds(horizon))})
+          predict_linear({used}[{p["window"]}], {num(parse_duration(horizon, promql=True))})
             > {total}
         )
         and

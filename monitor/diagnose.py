@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferwatch.cli import UsageError
+from inferwatch.common.durations import parse_duration
 from inferwatch.monitor.checks import Diagnosis, Series, Severity, diagnose
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.prometheus import PrometheusClient, PrometheusError
@@ -37,16 +37,13 @@ class NoDataError(Exception):
     """Not one endpoint could be scraped."""
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-_UNIT_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus-style duration: ``500ms``, ``30s``, ``5m``, ``1h``."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match[1]) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30s, 5m or 1h, got {text!r}")
-    return float(match[1]) * _UNIT_SECONDS[match[2]]
+def duration_option(text: str) -> float:
+    """An option's duration (``500ms``, ``30s``, ``1h30m``; see :mod:`inferwatch.common.durations`), with
+    the parser's message as argparse's."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def promql_duration(seconds: float) -> str:
@@ -118,21 +115,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=parse_duration,
-        default=parse_duration("10m"),
+        type=duration_option,
+        default=duration_option("10m"),
         metavar="DURATION",
         help="--prometheus: look back this far (default 10m)",
     )
     parser.add_argument(
         "--step",
-        type=parse_duration,
+        type=duration_option,
         metavar="DURATION",
         help="--prometheus: resolution of the series (default: window / 30, at least 1s)",
     )
     parser.add_argument(
         "--rate-window",
-        type=parse_duration,
-        default=parse_duration("1m"),
+        type=duration_option,
+        default=duration_option("1m"),
         metavar="DURATION",
         help="--prometheus: range of rate(); at least twice the scrape interval (default 1m)",
     )

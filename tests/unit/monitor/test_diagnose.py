@@ -25,15 +25,19 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1.5h", 5400)])
+# The exporter's and the alert configuration's syntax too (inferwatch.common.durations): 1d, 1h30m, 5.
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1.5h", 5400), ("1d", 86400), ("1h30m", 5400), ("5", 5)],
+)
 def test_durations(text: str, seconds: float) -> None:
-    assert diagnose.parse_duration(text) == seconds
+    assert diagnose.duration_option(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5", "-1m", "0s", "1d", "m"])
+@pytest.mark.parametrize("text", ["", "-1m", "0s", "m", "5 minutes", "30m1h"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        diagnose.parse_duration(text)
+        diagnose.duration_option(text)
 
 
 def test_promql_durations() -> None:
