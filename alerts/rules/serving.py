@@ -1,0 +1,76 @@
+"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine."""
+
+from __future__ import annotations
+
+from .base import (
+    MODEL,
+    SERVING_BY,
+    VALUE,
+    VALUE_DURATION,
+    VALUE_PERCENT,
+    AlertGroup,
+    AlertRule,
+    Params,
+    label,
+    num,
+    promql,
+)
+
+GROUP = AlertGroup("inferwatch-serving")
+
+
+@GROUP.alert("InferwatchHostBound")
+def _host_bound(p: Params) -> list[AlertRule]:
+    busy = p.serving("llm_gpu_busy_ratio")
+    running = p.serving("llm_requests_running")
+    window = p["window"]
+    expr = promql(f"""
+        {busy} < {num(p["busy_ratio_below"])}
+        and on ({SERVING_BY})
+          avg_over_time({running}[{window}]) > {num(p["requests_running_above"])}
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{MODEL} keeps its device busy only {VALUE_PERCENT} of the time while serving.",
+            f"The forward passes of {MODEL} occupied {label('device')} for only {VALUE_PERCENT} of wall "
+            f"time (threshold {num(p['busy_ratio_below'] * 100)}%) while requests were in flight, for "
+            f"more than {p['for']}. The device waits for the host: Python overhead, tokenization, "
+            "sampling or data loading sit between the kernels.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchServingProcessCpuSaturated")
+def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
+    cpu = p.exporter("inferwatch_process_cpu_seconds_total")
+    window = p["window"]
+    process = f"Serving process {label('comm')} (pid {label('pid')}) on {label('instance')}"
+    return [
+        p.rule(
+            f"sum by (job, instance, pid, comm) (rate({cpu}[{window}])) > {num(p['cpu_cores_above'])}",
+            f"{process} uses {VALUE} CPU cores.",
+            f"{process} used {VALUE} CPU seconds per second (user and system) over the "
+            f"last {window} (threshold {num(p['cpu_cores_above'])}): a Python serving loop is bound to one "
+            "core, so the host, not the GPU, limits throughput.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchEngineStalled")
+def _engine_stalled(p: Params) -> list[AlertRule]:
+    last_step = p.serving("llm_last_step_timestamp_seconds")
+    running = p.serving("llm_requests_running")
+    expr = promql(f"""
+        time() - {last_step} > {num(p["stall_seconds_above"])}
+        and on ({SERVING_BY})
+          {running} > 0
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{MODEL} has made no progress for {VALUE_DURATION}.",
+            f"{MODEL} has requests in flight but ran no forward pass for {VALUE_DURATION} (threshold "
+            f"{num(p['stall_seconds_above'])}s): the engine is hung.",
+        )
+    ]
