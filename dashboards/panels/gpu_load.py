@@ -1,0 +1,41 @@
+"""GPU load and memory (NVML): utilization, memory bandwidth utilization, device memory."""
+
+from __future__ import annotations
+
+from ..grafana import GREEN, YELLOW, PanelSpec, Query, normal, steps
+from .queries import GPU, alert_settings, sel
+
+
+def gpu_utilization() -> PanelSpec:
+    return PanelSpec(
+        "GPU utilization",
+        "Fraction of time a kernel was running (NVML, mean of its samples since the last poll).",
+        "percentunit",
+        steps((None, GREEN), (0.9, YELLOW)),
+        [Query(sel("gpu_utilization_ratio", GPU), "GPU {{gpu}} {{instance}}")],
+    )
+
+
+def memory_bandwidth_utilization() -> PanelSpec:
+    return PanelSpec(
+        "Memory bandwidth utilization",
+        "Fraction of time device memory was read or written (NVML).",
+        "percentunit",
+        steps((None, GREEN), (0.9, YELLOW)),
+        [Query(sel("gpu_memory_bandwidth_utilization_ratio", GPU), "GPU {{gpu}} {{instance}}")],
+    )
+
+
+def device_memory() -> PanelSpec:
+    used_ratio = alert_settings("InferwatchGpuMemoryFillingUp")["used_ratio_above"]
+    return PanelSpec(
+        "Device memory",
+        f"Used and total device memory. InferwatchGpuMemoryFillingUp fires when more than {used_ratio:.0%} "
+        "is used and the trend crosses the total within the hour.",
+        "bytes",
+        normal(),
+        [
+            Query(sel("gpu_memory_used_bytes", GPU), "used GPU {{gpu}} {{instance}}"),
+            Query(sel("gpu_memory_total_bytes", GPU), "total GPU {{gpu}} {{instance}}"),
+        ],
+    )
