@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.cog import builder as cog
 from grafana_foundation_sdk.models import dashboard as models
+from inferwatch.common import names
 
 from .grafana import datasource_variable, query_variable, stat_panel, state_timeline_panel, timeseries_panel
 from .panels import (
@@ -39,10 +40,14 @@ def _variables() -> list[cog.Builder[models.VariableModel]]:
     return [
         datasource_variable(),
         query_variable(
-            "instance", "Instance", 'label_values({__name__=~"llm_model_info|gpu_info"}, instance)'
+            "instance",
+            "Instance",
+            f'label_values({{__name__=~"{names.LLM_MODEL_INFO}|{names.GPU_INFO}"}}, instance)',
         ),
-        query_variable("model", "Model", 'label_values(llm_model_info{instance=~"$instance"}, model)'),
-        query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$instance"}, gpu)'),
+        query_variable(
+            "model", "Model", f'label_values({names.LLM_MODEL_INFO}{{instance=~"$instance"}}, model)'
+        ),
+        query_variable("gpu", "GPU", f'label_values({names.GPU_INFO}{{instance=~"$instance"}}, gpu)'),
     ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label, one_of, promql
 
 GROUP = AlertGroup("inferwatch-gpu-faults")
@@ -9,7 +11,7 @@ GROUP = AlertGroup("inferwatch-gpu-faults")
 
 @GROUP.alert("InferwatchGpuXidError")
 def _gpu_xid_error(p: Params) -> list[AlertRule]:
-    xids = p.exporter("gpu_xid_errors_total", f'xid=~"{one_of(p["xids"])}"')
+    xids = p.exporter(names.GPU_XID_ERRORS_TOTAL, f'xid=~"{one_of(p["xids"])}"')
     window = p["window"]
     return [
         p.rule(
@@ -24,7 +26,7 @@ def _gpu_xid_error(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchGpuUncorrectableEccErrors")
 def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
     # Volatile counts move at once; aggregate ones count the same errors again, later.
-    errors = p.exporter("gpu_ecc_errors_total", 'type="uncorrected"', 'scope="volatile"')
+    errors = p.exporter(names.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"', 'scope="volatile"')
     window = p["window"]
     return [
         p.rule(
@@ -39,7 +41,7 @@ def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuRowRemapFailure")
 def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
-    failure = p.exporter("gpu_remapped_rows_failed")
+    failure = p.exporter(names.GPU_REMAPPED_ROWS_FAILED)
     return [
         p.rule(
             f"{failure} == 1",
@@ -52,7 +54,7 @@ def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuRowRemapPending")
 def _gpu_row_remap_pending(p: Params) -> list[AlertRule]:
-    pending = p.exporter("gpu_remapped_rows_pending")
+    pending = p.exporter(names.GPU_REMAPPED_ROWS_PENDING)
     return [
         p.rule(
             f"{pending} == 1",
@@ -65,7 +67,7 @@ def _gpu_row_remap_pending(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuLost")
 def _gpu_lost(p: Params) -> list[AlertRule]:
-    up = p.exporter("gpu_up")
+    up = p.exporter(names.GPU_UP)
     return [
         p.rule(
             f"{up} == 0",
@@ -78,8 +80,8 @@ def _gpu_lost(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuCountDropped")
 def _gpu_count_dropped(p: Params) -> list[AlertRule]:
-    info = p.exporter("gpu_info")
-    up = p.exporter("up")
+    info = p.exporter(names.GPU_INFO)
+    up = p.exporter(names.UP)
     lookback = p["lookback"]
     expr = promql(f"""
         (

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from inferwatch.common import names
+
 from .base import (
     MODEL,
     SERVING_BY,
@@ -17,16 +19,16 @@ from .base import (
     promql,
     ratio_of_rates,
 )
-from .recording import ITL, TTFT, mean_record, slo_error_record
+from .recording import mean_record, slo_error_record
 
 GROUP = AlertGroup("inferwatch-latency")
 
 
 @GROUP.alert("InferwatchLatencyFluctuation")
 def _latency_fluctuation(p: Params) -> list[AlertRule]:
-    mean = mean_record(ITL, p["mean_window"])
+    mean = mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, p["mean_window"])
     window = p["window"]
-    tokens = p.serving(f"{ITL}_count")
+    tokens = p.serving(f"{names.LLM_INTER_TOKEN_LATENCY_SECONDS}_count")
     expr = promql(f"""
         (
           stddev_over_time({mean}[{window}])
@@ -79,18 +81,18 @@ def _budget_burn(p: Params, metric: str, what: str) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchTimeToFirstTokenBudgetBurn")
 def _ttft_budget_burn(p: Params) -> list[AlertRule]:
-    return _budget_burn(p, TTFT, "Time to first token")
+    return _budget_burn(p, names.LLM_TIME_TO_FIRST_TOKEN_SECONDS, "Time to first token")
 
 
 @GROUP.alert("InferwatchInterTokenLatencyBudgetBurn")
 def _itl_budget_burn(p: Params) -> list[AlertRule]:
-    return _budget_burn(p, ITL, "Inter-token latency")
+    return _budget_burn(p, names.LLM_INTER_TOKEN_LATENCY_SECONDS, "Inter-token latency")
 
 
 @GROUP.alert("InferwatchRequestErrors")
 def _request_errors(p: Params) -> list[AlertRule]:
-    failed = p.serving("llm_requests_total", 'status!="ok"')
-    everything = p.serving("llm_requests_total")
+    failed = p.serving(names.LLM_REQUESTS_TOTAL, 'status!="ok"')
+    everything = p.serving(names.LLM_REQUESTS_TOTAL)
     window = p["window"]
     ratio = textwrap.indent(ratio_of_rates(failed, everything, window), "  ")
     expr = f"(\n{ratio}\n) > {num(p['error_ratio_above'])}"

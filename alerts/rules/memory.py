@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
 from inferwatch.common.durations import parse_duration
 
 from .base import GPU, MODEL, VALUE, VALUE_BYTES, AlertGroup, AlertRule, Params, label, num, promql
@@ -11,7 +12,7 @@ GROUP = AlertGroup("inferwatch-memory")
 
 @GROUP.alert("InferwatchKvCacheHeadroomLow")
 def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
-    headroom = p.serving("llm_kv_cache_headroom_tokens")
+    headroom = p.serving(names.LLM_KV_CACHE_HEADROOM_TOKENS)
     return [
         p.rule(
             f"{headroom} < {num(p['headroom_tokens_below'])}",
@@ -25,8 +26,8 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuMemoryFillingUp")
 def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
-    used = p.exporter("gpu_memory_used_bytes")
-    total = p.exporter("gpu_memory_total_bytes")
+    used = p.exporter(names.GPU_MEMORY_USED_BYTES)
+    total = p.exporter(names.GPU_MEMORY_TOTAL_BYTES)
     horizon = p["horizon_window"]
     expr = promql(f"""
         (
@@ -50,7 +51,7 @@ def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchAllocatorRetries")
 def _allocator_retries(p: Params) -> list[AlertRule]:
-    retries = p.serving("llm_torch_alloc_retries_total")
+    retries = p.serving(names.LLM_TORCH_ALLOC_RETRIES_TOTAL)
     window = p["window"]
     return [
         p.rule(
@@ -66,7 +67,7 @@ def _allocator_retries(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchOutOfMemory")
 def _out_of_memory(p: Params) -> list[AlertRule]:
-    ooms = p.serving("llm_oom_events_total")
+    ooms = p.serving(names.LLM_OOM_EVENTS_TOTAL)
     window = p["window"]
     return [
         p.rule(
@@ -80,8 +81,8 @@ def _out_of_memory(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchMemoryLeak")
 def _memory_leak(p: Params) -> list[AlertRule]:
-    allocated = p.serving("llm_torch_memory_bytes", 'kind="allocated"')
-    tokens = p.serving("llm_generation_tokens_total")
+    allocated = p.serving(names.LLM_TORCH_MEMORY_BYTES, 'kind="allocated"')
+    tokens = p.serving(names.LLM_GENERATION_TOKENS_TOTAL)
     floor, lookback = p["floor_window"], p["lookback"]
     load_now = f"sum by (job, instance) (rate({tokens}[{floor}]))"
     load_before = f"sum by (job, instance) (rate({tokens}[{floor}] offset {lookback}))"

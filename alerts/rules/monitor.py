@@ -3,6 +3,8 @@ errors."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from .base import VALUE, VALUE_DURATION, AlertGroup, AlertRule, Params, events_above, label, num
 
 GROUP = AlertGroup("inferwatch-monitor")
@@ -12,7 +14,7 @@ GROUP = AlertGroup("inferwatch-monitor")
 def _target_down(p: Params) -> list[AlertRule]:
     return [
         p.rule(
-            f"{p.exporter('up')} == 0 or {p.serving('up')} == 0",
+            f"{p.exporter(names.UP)} == 0 or {p.serving(names.UP)} == 0",
             f"Prometheus cannot scrape {label('job')} at {label('instance')}.",
             f"Scrapes of {label('instance')} (job {label('job')}) have failed for more than {p['for']}: "
             "its metrics, and every alert that reads them, are blind.",
@@ -24,7 +26,7 @@ def _target_down(p: Params) -> list[AlertRule]:
 def _target_absent(p: Params) -> list[AlertRule]:
     return [
         p.rule(
-            f"absent({p.exporter('up')}) or absent({p.serving('up')})",
+            f"absent({p.exporter(names.UP)}) or absent({p.serving(names.UP)})",
             f"No scrape target of job {label('job')} exists.",
             f"Prometheus has had no target of job {label('job')} for more than {p['for']}: service "
             "discovery lost it or the job was renamed, and the alerts that read it cannot fire.",
@@ -34,7 +36,7 @@ def _target_absent(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchExporterCollectionStale")
 def _exporter_collection_stale(p: Params) -> list[AlertRule]:
-    last = p.exporter("inferwatch_exporter_last_collect_timestamp_seconds")
+    last = p.exporter(names.INFERWATCH_EXPORTER_LAST_COLLECT_TIMESTAMP_SECONDS)
     return [
         p.rule(
             f"time() - {last} > {num(p['age_seconds_above'])}",
@@ -48,7 +50,7 @@ def _exporter_collection_stale(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchExporterCollectionSlow")
 def _exporter_collection_slow(p: Params) -> list[AlertRule]:
-    overruns = p.exporter("inferwatch_exporter_collection_overruns_total")
+    overruns = p.exporter(names.INFERWATCH_EXPORTER_COLLECTION_OVERRUNS_TOTAL)
     window = p["window"]
     return [
         p.rule(
@@ -63,7 +65,7 @@ def _exporter_collection_slow(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchNvmlDown")
 def _nvml_down(p: Params) -> list[AlertRule]:
-    up = p.exporter("inferwatch_nvml_up")
+    up = p.exporter(names.INFERWATCH_NVML_UP)
     return [
         p.rule(
             f"{up} == 0",
@@ -77,7 +79,7 @@ def _nvml_down(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchNvmlErrors")
 def _nvml_errors(p: Params) -> list[AlertRule]:
-    errors = p.exporter("inferwatch_exporter_nvml_errors_total", 'error!="not_supported"')
+    errors = p.exporter(names.INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL, 'error!="not_supported"')
     window = p["window"]
     return [
         p.rule(
@@ -91,7 +93,7 @@ def _nvml_errors(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchInstrumentationErrors")
 def _instrumentation_errors(p: Params) -> list[AlertRule]:
-    errors = p.serving("llm_instrumentation_errors_total")
+    errors = p.serving(names.LLM_INSTRUMENTATION_ERRORS_TOTAL)
     window = p["window"]
     return [
         p.rule(

@@ -6,19 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferwatch.common import names
 from inferwatch.common.durations import parse_duration
 
 from .base import SERVING_BY, bucket_bound, num, promql, ratio_of_rates, selector
 
 GROUP_RECORDING = "inferwatch-recording"
 
-TTFT = "llm_time_to_first_token_seconds"
-ITL = "llm_inter_token_latency_seconds"
-E2E = "llm_e2e_request_latency_seconds"
 # The SLO alerts and the histogram each one reads.
 SLO_HISTOGRAMS = {
-    "InferwatchTimeToFirstTokenBudgetBurn": TTFT,
-    "InferwatchInterTokenLatencyBudgetBurn": ITL,
+    "InferwatchTimeToFirstTokenBudgetBurn": names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
+    "InferwatchInterTokenLatencyBudgetBurn": names.LLM_INTER_TOKEN_LATENCY_SECONDS,
 }
 
 
@@ -42,9 +40,11 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     serving = config["selectors"]["serving"]
     mean_window = config["alerts"]["InferwatchLatencyFluctuation"]["mean_window"]
     mean = {
-        "record": mean_record(ITL, mean_window),
+        "record": mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, mean_window),
         "expr": ratio_of_rates(
-            selector(f"{ITL}_sum", serving, ()), selector(f"{ITL}_count", serving, ()), mean_window
+            selector(f"{names.LLM_INTER_TOKEN_LATENCY_SECONDS}_sum", serving, ()),
+            selector(f"{names.LLM_INTER_TOKEN_LATENCY_SECONDS}_count", serving, ()),
+            mean_window,
         ),
     }
     quantiles = _quantile_rules(serving, config["recording"])
@@ -54,7 +54,11 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _quantile_rules(serving: str, rec: Mapping[str, Any]) -> list[dict[str, Any]]:
     window = rec["quantile_window"]
     rules = []
-    for metric in (TTFT, ITL, E2E):
+    for metric in (
+        names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
+        names.LLM_INTER_TOKEN_LATENCY_SECONDS,
+        names.LLM_E2E_REQUEST_LATENCY_SECONDS,
+    ):
         buckets = selector(f"{metric}_bucket", serving, ())
         for quantile in rec["quantiles"]:
             rules.append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from .base import (
     MODEL,
     SERVING_BY,
@@ -21,8 +23,8 @@ GROUP = AlertGroup("inferwatch-serving")
 
 @GROUP.alert("InferwatchHostBound")
 def _host_bound(p: Params) -> list[AlertRule]:
-    busy = p.serving("llm_gpu_busy_ratio")
-    running = p.serving("llm_requests_running")
+    busy = p.serving(names.LLM_GPU_BUSY_RATIO)
+    running = p.serving(names.LLM_REQUESTS_RUNNING)
     window = p["window"]
     expr = promql(f"""
         {busy} < {num(p["busy_ratio_below"])}
@@ -43,7 +45,7 @@ def _host_bound(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchServingProcessCpuSaturated")
 def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
-    cpu = p.exporter("inferwatch_process_cpu_seconds_total")
+    cpu = p.exporter(names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL)
     window = p["window"]
     process = f"Serving process {label('comm')} (pid {label('pid')}) on {label('instance')}"
     return [
@@ -59,8 +61,8 @@ def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchEngineStalled")
 def _engine_stalled(p: Params) -> list[AlertRule]:
-    last_step = p.serving("llm_last_step_timestamp_seconds")
-    running = p.serving("llm_requests_running")
+    last_step = p.serving(names.LLM_LAST_STEP_TIMESTAMP_SECONDS)
+    running = p.serving(names.LLM_REQUESTS_RUNNING)
     expr = promql(f"""
         time() - {last_step} > {num(p["stall_seconds_above"])}
         and on ({SERVING_BY})

@@ -3,6 +3,8 @@ near slowdown (``gpu_*`` from the exporter)."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from .base import GPU, VALUE, VALUE_PERCENT, AlertGroup, AlertRule, Params, label, num, one_of, promql
 
 GROUP = AlertGroup("inferwatch-gpu-throttling")
@@ -10,7 +12,7 @@ GROUP = AlertGroup("inferwatch-gpu-throttling")
 
 @GROUP.alert("InferwatchGpuHardwareSlowdown")
 def _gpu_hardware_slowdown(p: Params) -> list[AlertRule]:
-    active = p.exporter("gpu_clocks_event_active", f'reason=~"{one_of(p["reasons"])}"')
+    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, f'reason=~"{one_of(p["reasons"])}"')
     return [
         p.rule(
             f"{active} == 1",
@@ -24,10 +26,10 @@ def _gpu_hardware_slowdown(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuClocksThrottled")
 def _gpu_clocks_throttled(p: Params) -> list[AlertRule]:
-    clock = p.exporter("gpu_clock_hz", 'clock="sm"')
-    max_clock = p.exporter("gpu_clock_max_hz", 'clock="sm"')
-    busy = p.exporter("gpu_utilization_ratio")
-    active = p.exporter("gpu_clocks_event_active", f'reason=~"{one_of(p["reasons"])}"')
+    clock = p.exporter(names.GPU_CLOCK_HZ, 'clock="sm"')
+    max_clock = p.exporter(names.GPU_CLOCK_MAX_HZ, 'clock="sm"')
+    busy = p.exporter(names.GPU_UTILIZATION_RATIO)
+    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, f'reason=~"{one_of(p["reasons"])}"')
     expr = promql(f"""
         (
           {clock} / {max_clock} < {num(p["clock_ratio_below"])}
@@ -51,7 +53,7 @@ def _gpu_clocks_throttled(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuThrottleDutyCycleHigh")
 def _gpu_throttle_duty_cycle(p: Params) -> list[AlertRule]:
-    seconds = p.exporter("gpu_clocks_event_seconds_total", f'reason=~"{one_of(p["reasons"])}"')
+    seconds = p.exporter(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, f'reason=~"{one_of(p["reasons"])}"')
     window = p["window"]
     return [
         p.rule(
@@ -67,8 +69,8 @@ def _gpu_throttle_duty_cycle(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuTemperatureNearSlowdown")
 def _gpu_temperature_near_slowdown(p: Params) -> list[AlertRule]:
-    threshold = p.exporter("gpu_temperature_threshold_celsius", 'kind="slowdown"')
-    temperature = p.exporter("gpu_temperature_celsius", 'sensor="gpu"')
+    threshold = p.exporter(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, 'kind="slowdown"')
+    temperature = p.exporter(names.GPU_TEMPERATURE_CELSIUS, 'sensor="gpu"')
     expr = promql(f"""
         {threshold}
           - ignoring (kind, sensor)

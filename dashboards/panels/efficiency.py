@@ -3,6 +3,8 @@ prefill FLOPs utilization, and the serving process's CPU."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import GREEN, YELLOW, PanelSpec, Query, above, below, steps
 from .queries import GPU, INSTANCE, SERVING, alert_settings, sel, summed
 
@@ -15,14 +17,14 @@ def busy_ratio() -> PanelSpec:
         "requests are in flight (InferwatchHostBound) the device waits for the host.",
         "percentunit",
         below(limit),
-        [Query(f"avg by (model, device) ({sel('llm_gpu_busy_ratio', SERVING)})", "{{model}} {{device}}")],
+        [Query(f"avg by (model, device) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})", "{{model}} {{device}}")],
     )
 
 
 def busy_ratio_vs_nvml() -> PanelSpec:
     spec = busy_ratio()
     nvml = Query(
-        f"avg by (instance, gpu) ({sel('gpu_utilization_ratio', GPU)})", "NVML utilization GPU {{gpu}}"
+        f"avg by (instance, gpu) ({sel(names.GPU_UTILIZATION_RATIO, GPU)})", "NVML utilization GPU {{gpu}}"
     )
     return PanelSpec(
         "Device busy ratio and NVML utilization",
@@ -47,7 +49,7 @@ def _utilization(metric: str, title: str, description: str) -> PanelSpec:
 
 def decode_bandwidth() -> PanelSpec:
     return _utilization(
-        "llm_decode_bandwidth_utilization_ratio",
+        names.LLM_DECODE_BANDWIDTH_UTILIZATION_RATIO,
         "Decode bandwidth utilization",
         "Bytes a decode step must read over its time, as a fraction of peak memory bandwidth. Near the "
         "peak, decode is bandwidth-bound: quantization or batching are the levers.",
@@ -56,7 +58,7 @@ def decode_bandwidth() -> PanelSpec:
 
 def prefill_flops() -> PanelSpec:
     return _utilization(
-        "llm_prefill_flops_utilization_ratio",
+        names.LLM_PREFILL_FLOPS_UTILIZATION_RATIO,
         "Prefill FLOPs utilization",
         "2 x parameters x prompt tokens over prefill time, as a fraction of peak FLOP/s.",
     )
@@ -72,7 +74,7 @@ def serving_process_cpu() -> PanelSpec:
         above(limit),
         [
             Query(
-                summed("rate", "inferwatch_process_cpu_seconds_total", INSTANCE, "instance, pid, comm"),
+                summed("rate", names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL, INSTANCE, "instance, pid, comm"),
                 "{{comm}} ({{pid}}) {{instance}}",
             )
         ],

@@ -3,6 +3,8 @@ against their maximum, clocks-event reasons and throttle time, P-state."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import GREEN, RATE, RED, YELLOW, PanelSpec, Query, above, below, normal, steps
 from .queries import GPU, alert_settings, sel
 
@@ -15,8 +17,8 @@ def power() -> PanelSpec:
         "watt",
         normal(),
         [
-            Query(sel("gpu_power_watts", GPU), "draw GPU {{gpu}} {{instance}}"),
-            Query(sel("gpu_power_limit_watts", GPU), "limit GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_POWER_WATTS, GPU), "draw GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_POWER_LIMIT_WATTS, GPU), "limit GPU {{gpu}} {{instance}}"),
         ],
     )
 
@@ -28,9 +30,9 @@ def temperature() -> PanelSpec:
         "celsius",
         steps((None, GREEN), (80, YELLOW), (90, RED)),
         [
-            Query(sel("gpu_temperature_celsius", GPU), "{{sensor}} GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_TEMPERATURE_CELSIUS, GPU), "{{sensor}} GPU {{gpu}} {{instance}}"),
             Query(
-                sel("gpu_temperature_threshold_celsius", GPU, 'kind=~"slowdown|shutdown"'),
+                sel(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, GPU, 'kind=~"slowdown|shutdown"'),
                 "{{kind}} threshold GPU {{gpu}} {{instance}}",
             ),
         ],
@@ -44,9 +46,9 @@ def clocks() -> PanelSpec:
         "hertz",
         normal(),
         [
-            Query(sel("gpu_clock_hz", GPU, 'clock=~"sm|memory"'), "{{clock}} GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_CLOCK_HZ, GPU, 'clock=~"sm|memory"'), "{{clock}} GPU {{gpu}} {{instance}}"),
             Query(
-                sel("gpu_clock_max_hz", GPU, 'clock=~"sm|memory"'),
+                sel(names.GPU_CLOCK_MAX_HZ, GPU, 'clock=~"sm|memory"'),
                 "{{clock}} max GPU {{gpu}} {{instance}}",
             ),
         ],
@@ -55,8 +57,8 @@ def clocks() -> PanelSpec:
 
 def sm_clock_ratio() -> PanelSpec:
     limit = alert_settings("InferwatchGpuClocksThrottled")["clock_ratio_below"]
-    sm = sel("gpu_clock_hz", GPU, 'clock="sm"')
-    sm_max = sel("gpu_clock_max_hz", GPU, 'clock="sm"')
+    sm = sel(names.GPU_CLOCK_HZ, GPU, 'clock="sm"')
+    sm_max = sel(names.GPU_CLOCK_MAX_HZ, GPU, 'clock="sm"')
     return PanelSpec(
         "SM clock / maximum",
         f"The SM clock as a fraction of its maximum; below {limit:.0%} while busy and with a SW power or "
@@ -76,7 +78,7 @@ def clocks_event_reasons() -> PanelSpec:
         normal(),
         [
             Query(
-                f"max by (instance, gpu, reason) ({sel('gpu_clocks_event_active', GPU)})",
+                f"max by (instance, gpu, reason) ({sel(names.GPU_CLOCKS_EVENT_ACTIVE, GPU)})",
                 "GPU {{gpu}} {{reason}}",
             )
         ],
@@ -96,7 +98,7 @@ def throttle_duty_cycle() -> PanelSpec:
         above(limit),
         [
             Query(
-                f"rate({sel('gpu_clocks_event_seconds_total', GPU)}[{RATE}])",
+                f"rate({sel(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, GPU)}[{RATE}])",
                 "GPU {{gpu}} {{reason}}",
             )
         ],
@@ -109,5 +111,5 @@ def pstate() -> PanelSpec:
         "P0 is maximum performance; a busy GPU in a higher P-state is held back.",
         "none",
         steps((None, GREEN), (1, YELLOW)),
-        [Query(sel("gpu_pstate", GPU), "GPU {{gpu}} {{instance}}")],
+        [Query(sel(names.GPU_PSTATE, GPU), "GPU {{gpu}} {{instance}}")],
     )

@@ -3,6 +3,8 @@ memory per process."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import RATE, PanelSpec, Query, above, below, normal
 from .queries import GPU, sel
 
@@ -14,7 +16,7 @@ def xid_errors() -> PanelSpec:
         "driver ones.",
         "short",
         above(1),
-        [Query(f"increase({sel('gpu_xid_errors_total', GPU)}[{RATE}])", "GPU {{gpu}} XID {{xid}}")],
+        [Query(f"increase({sel(names.GPU_XID_ERRORS_TOTAL, GPU)}[{RATE}])", "GPU {{gpu}} XID {{xid}}")],
     )
 
 
@@ -24,7 +26,11 @@ def ecc_errors() -> PanelSpec:
         "Corrected and uncorrected ECC errors, volatile (since driver load) and aggregate.",
         "short",
         above(1),
-        [Query(f"increase({sel('gpu_ecc_errors_total', GPU)}[{RATE}])", "GPU {{gpu}} {{type}} {{scope}}")],
+        [
+            Query(
+                f"increase({sel(names.GPU_ECC_ERRORS_TOTAL, GPU)}[{RATE}])", "GPU {{gpu}} {{type}} {{scope}}"
+            )
+        ],
     )
 
 
@@ -35,9 +41,9 @@ def remapped_rows() -> PanelSpec:
         "short",
         above(1),
         [
-            Query(sel("gpu_remapped_rows", GPU), "GPU {{gpu}} {{cause}}"),
-            Query(sel("gpu_remapped_rows_pending", GPU), "GPU {{gpu}} pending"),
-            Query(sel("gpu_remapped_rows_failed", GPU), "GPU {{gpu}} failed"),
+            Query(sel(names.GPU_REMAPPED_ROWS, GPU), "GPU {{gpu}} {{cause}}"),
+            Query(sel(names.GPU_REMAPPED_ROWS_PENDING, GPU), "GPU {{gpu}} pending"),
+            Query(sel(names.GPU_REMAPPED_ROWS_FAILED, GPU), "GPU {{gpu}} failed"),
         ],
     )
 
@@ -48,7 +54,7 @@ def gpu_up() -> PanelSpec:
         "1 while the exporter reads the GPU; 0 when it is lost (fell off the bus), hung, or NVML fails.",
         "none",
         below(1),
-        [Query(sel("gpu_up", GPU), "GPU {{gpu}} {{instance}}")],
+        [Query(sel(names.GPU_UP, GPU), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -60,10 +66,10 @@ def pcie_link() -> PanelSpec:
         "none",
         normal(),
         [
-            Query(sel("gpu_pcie_link_gen", GPU), "gen GPU {{gpu}}"),
-            Query(sel("gpu_pcie_link_max_gen", GPU), "max gen GPU {{gpu}}"),
-            Query(sel("gpu_pcie_link_width", GPU), "width GPU {{gpu}}"),
-            Query(sel("gpu_pcie_link_max_width", GPU), "max width GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_LINK_GEN, GPU), "gen GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_LINK_MAX_GEN, GPU), "max gen GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_LINK_WIDTH, GPU), "width GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_LINK_MAX_WIDTH, GPU), "max width GPU {{gpu}}"),
         ],
     )
 
@@ -76,9 +82,9 @@ def pcie_traffic() -> PanelSpec:
         "Bps",
         normal(),
         [
-            Query(sel("gpu_pcie_tx_bytes_per_second", GPU), "tx GPU {{gpu}}"),
-            Query(sel("gpu_pcie_rx_bytes_per_second", GPU), "rx GPU {{gpu}}"),
-            Query(f"rate({sel('gpu_pcie_replays_total', GPU)}[{RATE}])", "replays/s GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_TX_BYTES_PER_SECOND, GPU), "tx GPU {{gpu}}"),
+            Query(sel(names.GPU_PCIE_RX_BYTES_PER_SECOND, GPU), "rx GPU {{gpu}}"),
+            Query(f"rate({sel(names.GPU_PCIE_REPLAYS_TOTAL, GPU)}[{RATE}])", "replays/s GPU {{gpu}}"),
         ],
     )
 
@@ -89,5 +95,5 @@ def process_gpu_memory() -> PanelSpec:
         "Device memory per compute process (the largest ones), as the driver sees it.",
         "bytes",
         normal(),
-        [Query(sel("gpu_process_memory_bytes", GPU), "GPU {{gpu}} {{comm}} ({{pid}})")],
+        [Query(sel(names.GPU_PROCESS_MEMORY_BYTES, GPU), "GPU {{gpu}} {{comm}} ({{pid}})")],
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import GREEN, YELLOW, PanelSpec, Query, normal, steps
 from .queries import GPU, alert_settings, sel
 
@@ -12,7 +14,7 @@ def gpu_utilization() -> PanelSpec:
         "Fraction of time a kernel was running (NVML, mean of its samples since the last poll).",
         "percentunit",
         steps((None, GREEN), (0.9, YELLOW)),
-        [Query(sel("gpu_utilization_ratio", GPU), "GPU {{gpu}} {{instance}}")],
+        [Query(sel(names.GPU_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -22,7 +24,7 @@ def memory_bandwidth_utilization() -> PanelSpec:
         "Fraction of time device memory was read or written (NVML).",
         "percentunit",
         steps((None, GREEN), (0.9, YELLOW)),
-        [Query(sel("gpu_memory_bandwidth_utilization_ratio", GPU), "GPU {{gpu}} {{instance}}")],
+        [Query(sel(names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -35,7 +37,7 @@ def device_memory() -> PanelSpec:
         "bytes",
         normal(),
         [
-            Query(sel("gpu_memory_used_bytes", GPU), "used GPU {{gpu}} {{instance}}"),
-            Query(sel("gpu_memory_total_bytes", GPU), "total GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_MEMORY_USED_BYTES, GPU), "used GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_MEMORY_TOTAL_BYTES, GPU), "total GPU {{gpu}} {{instance}}"),
         ],
     )

@@ -3,8 +3,10 @@ fluctuation the latency alert watches."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import RATE, PanelSpec, Query, above, normal
-from .queries import E2E, ITL, QUANTILES, TTFT, alert_settings, mean, percentile
+from .queries import QUANTILES, alert_settings, mean, percentile
 
 
 def _latency(
@@ -19,7 +21,7 @@ def _latency(
 def time_to_first_token() -> PanelSpec:
     target = alert_settings("InferwatchTimeToFirstTokenBudgetBurn")["target_seconds"]
     return _latency(
-        TTFT,
+        names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
         "Time to first token",
         f"From entry into generate until the first token is computed on the device. The red line is the "
         f"SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
@@ -30,7 +32,7 @@ def time_to_first_token() -> PanelSpec:
 def inter_token_latency() -> PanelSpec:
     target = alert_settings("InferwatchInterTokenLatencyBudgetBurn")["target_seconds"]
     return _latency(
-        ITL,
+        names.LLM_INTER_TOKEN_LATENCY_SECONDS,
         "Inter-token latency",
         f"Time between consecutive tokens of a request, and its mean. The red line is the SLO target "
         f"({target} s) of InferwatchInterTokenLatencyBudgetBurn.",
@@ -41,7 +43,7 @@ def inter_token_latency() -> PanelSpec:
 
 def end_to_end_latency() -> PanelSpec:
     return _latency(
-        E2E,
+        names.LLM_E2E_REQUEST_LATENCY_SECONDS,
         "End-to-end latency",
         "Host time from entry into generate to its return, per successful request. It grows with the "
         "number of generated tokens; compare it with the per-token panels before calling it slow.",
@@ -57,10 +59,10 @@ def per_request_token_time() -> PanelSpec:
         "s",
         above(alert_settings("InferwatchInterTokenLatencyBudgetBurn")["target_seconds"]),
         [
-            percentile("llm_request_time_per_output_token_seconds", 0.5),
-            percentile("llm_request_time_per_output_token_seconds", 0.99),
+            percentile(names.LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, 0.5),
+            percentile(names.LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, 0.99),
             Query(
-                percentile("llm_request_max_inter_token_latency_seconds", 0.99).expr,
+                percentile(names.LLM_REQUEST_MAX_INTER_TOKEN_LATENCY_SECONDS, 0.99).expr,
                 "worst stall p99 {{model}}",
             ),
         ],
@@ -70,7 +72,7 @@ def per_request_token_time() -> PanelSpec:
 def latency_fluctuation() -> PanelSpec:
     settings = alert_settings("InferwatchLatencyFluctuation")
     window = settings["window"]
-    means = mean(ITL).expr
+    means = mean(names.LLM_INTER_TOKEN_LATENCY_SECONDS).expr
     return PanelSpec(
         "Inter-token latency fluctuation",
         f"Coefficient of variation (standard deviation / mean) over {window} of the mean inter-token "

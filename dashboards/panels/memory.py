@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import PanelSpec, Query, above, below, normal
 from .queries import INSTANCE, SERVING, alert_settings, sel, summed
 
@@ -12,7 +14,7 @@ def kv_cache_bytes() -> PanelSpec:
         "Device bytes held by the KV caches of running requests.",
         "bytes",
         normal(),
-        [Query(f"sum by (model) ({sel('llm_kv_cache_bytes', SERVING)})", "{{model}}")],
+        [Query(f"sum by (model) ({sel(names.LLM_KV_CACHE_BYTES, SERVING)})", "{{model}}")],
     )
 
 
@@ -24,7 +26,7 @@ def kv_cache_headroom() -> PanelSpec:
         f"below {limit}.",
         "short",
         below(limit),
-        [Query(f"min by (model) ({sel('llm_kv_cache_headroom_tokens', SERVING)})", "{{model}}")],
+        [Query(f"min by (model) ({sel(names.LLM_KV_CACHE_HEADROOM_TOKENS, SERVING)})", "{{model}}")],
     )
 
 
@@ -37,7 +39,7 @@ def allocator_memory() -> PanelSpec:
         normal(),
         [
             Query(
-                f"sum by (instance, device, kind) ({sel('llm_torch_memory_bytes', INSTANCE)})",
+                f"sum by (instance, device, kind) ({sel(names.LLM_TORCH_MEMORY_BYTES, INSTANCE)})",
                 "{{kind}} {{device}}",
             )
         ],
@@ -54,11 +56,11 @@ def allocator_retries_and_ooms() -> PanelSpec:
         above(1),
         [
             Query(
-                summed("increase", "llm_torch_alloc_retries_total", INSTANCE, "instance, device"),
+                summed("increase", names.LLM_TORCH_ALLOC_RETRIES_TOTAL, INSTANCE, "instance, device"),
                 "retries {{device}}",
             ),
             Query(
-                summed("increase", "llm_oom_events_total", SERVING, "model"),
+                summed("increase", names.LLM_OOM_EVENTS_TOTAL, SERVING, "model"),
                 "OOMs {{model}}",
             ),
         ],

@@ -3,6 +3,8 @@ errors."""
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import PanelSpec, Query, above, below
 from .queries import INSTANCE, alert_settings, sel, summed
 
@@ -13,7 +15,7 @@ def targets_up() -> PanelSpec:
         "1 while Prometheus scrapes the target; InferwatchTargetDown fires after a sustained 0.",
         "none",
         below(1),
-        [Query(sel("up", INSTANCE), "{{job}} {{instance}}")],
+        [Query(sel(names.UP, INSTANCE), "{{job}} {{instance}}")],
     )
 
 
@@ -27,10 +29,10 @@ def collection_age() -> PanelSpec:
         above(limit),
         [
             Query(
-                f"time() - {sel('inferwatch_exporter_last_collect_timestamp_seconds', INSTANCE)}",
+                f"time() - {sel(names.INFERWATCH_EXPORTER_LAST_COLLECT_TIMESTAMP_SECONDS, INSTANCE)}",
                 "age {{instance}}",
             ),
-            Query(sel("inferwatch_exporter_collect_duration_seconds", INSTANCE), "duration {{instance}}"),
+            Query(sel(names.INFERWATCH_EXPORTER_COLLECT_DURATION_SECONDS, INSTANCE), "duration {{instance}}"),
         ],
     )
 
@@ -44,11 +46,13 @@ def monitor_errors() -> PanelSpec:
         above(0.01),
         [
             Query(
-                summed("rate", "inferwatch_exporter_nvml_errors_total", INSTANCE, "instance, call, error"),
+                summed(
+                    "rate", names.INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL, INSTANCE, "instance, call, error"
+                ),
                 "NVML {{call}} {{error}}",
             ),
             Query(
-                summed("rate", "llm_instrumentation_errors_total", INSTANCE, "instance, stage"),
+                summed("rate", names.LLM_INSTRUMENTATION_ERRORS_TOTAL, INSTANCE, "instance, stage"),
                 "instrumentation {{stage}} {{instance}}",
             ),
         ],

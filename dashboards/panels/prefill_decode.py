@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import PanelSpec, Query, normal
 from .queries import SERVING, mean, summed
 
@@ -15,15 +17,15 @@ def prefill_vs_decode() -> PanelSpec:
         "s",
         normal(),
         [
-            Query(mean("llm_request_prefill_seconds").expr, "prefill {{model}}"),
-            Query(mean("llm_request_decode_seconds").expr, "decode {{model}}"),
+            Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
+            Query(mean(names.LLM_REQUEST_DECODE_SECONDS).expr, "decode {{model}}"),
         ],
     )
 
 
 def decode_share() -> PanelSpec:
-    prefill = summed("rate", "llm_request_prefill_seconds_sum", SERVING, "model")
-    decode = summed("rate", "llm_request_decode_seconds_sum", SERVING, "model")
+    prefill = summed("rate", f"{names.LLM_REQUEST_PREFILL_SECONDS}_sum", SERVING, "model")
+    decode = summed("rate", f"{names.LLM_REQUEST_DECODE_SECONDS}_sum", SERVING, "model")
     return PanelSpec(
         "Decode share of request time",
         "Decode time over prefill + decode time, over the selected range's rate window.",
@@ -40,7 +42,7 @@ def batch_size() -> PanelSpec:
         "memory bandwidth (the bottleneck matrix of the reference notes).",
         "short",
         normal(),
-        [mean("llm_batch_size")],
+        [mean(names.LLM_BATCH_SIZE)],
     )
 
 
@@ -50,5 +52,5 @@ def forward_time_by_phase() -> PanelSpec:
         "Mean device time of one forward pass, prefill and decode (CUDA events; host clock on CPU).",
         "s",
         normal(),
-        [mean("llm_forward_seconds", by="model, phase")],
+        [mean(names.LLM_FORWARD_SECONDS, by="model, phase")],
     )

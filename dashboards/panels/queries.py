@@ -28,10 +28,6 @@ INSTANCE = 'instance=~"$instance"'
 
 QUANTILES = (0.5, 0.9, 0.99)
 
-TTFT = "llm_time_to_first_token_seconds"
-ITL = "llm_inter_token_latency_seconds"
-E2E = "llm_e2e_request_latency_seconds"
-
 
 @cache
 def alert_settings(name: str) -> dict[str, Any]:

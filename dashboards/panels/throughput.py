@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferwatch.common import names
+
 from ..grafana import PanelSpec, Query, above, normal
 from .queries import SERVING, alert_settings, sel, summed
 
@@ -14,11 +16,11 @@ def tokens_per_second() -> PanelSpec:
         normal(),
         [
             Query(
-                summed("rate", "llm_generation_tokens_total", SERVING, "model"),
+                summed("rate", names.LLM_GENERATION_TOKENS_TOTAL, SERVING, "model"),
                 "generated {{model}}",
             ),
             Query(
-                summed("rate", "llm_prompt_tokens_total", SERVING, "model"),
+                summed("rate", names.LLM_PROMPT_TOKENS_TOTAL, SERVING, "model"),
                 "prompt {{model}}",
             ),
         ],
@@ -33,7 +35,7 @@ def requests_by_status() -> PanelSpec:
         normal(),
         [
             Query(
-                summed("rate", "llm_requests_total", SERVING, "model, status"),
+                summed("rate", names.LLM_REQUESTS_TOTAL, SERVING, "model, status"),
                 "{{status}} {{model}}",
             )
         ],
@@ -42,8 +44,8 @@ def requests_by_status() -> PanelSpec:
 
 def failed_requests() -> PanelSpec:
     limit = alert_settings("InferwatchRequestErrors")["error_ratio_above"]
-    total = summed("rate", "llm_requests_total", SERVING, "model")
-    ok = summed("rate", "llm_requests_total", f'{SERVING}, status="ok"', "model")
+    total = summed("rate", names.LLM_REQUESTS_TOTAL, SERVING, "model")
+    ok = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status="ok"', "model")
     return PanelSpec(
         "Failed requests",
         f"Share of requests that ended in an error or out-of-memory; InferwatchRequestErrors fires above "
@@ -60,5 +62,5 @@ def requests_running() -> PanelSpec:
         "Requests inside generate (or a tracked request) now.",
         "short",
         normal(),
-        [Query(f"sum by (model) ({sel('llm_requests_running', SERVING)})", "{{model}}")],
+        [Query(f"sum by (model) ({sel(names.LLM_REQUESTS_RUNNING, SERVING)})", "{{model}}")],
     )

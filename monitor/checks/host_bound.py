@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+from inferwatch.common import names
+
 from .. import checklist
 from ..queries import BUSY, PROCESS_CPU_RATE, RUNNING
 from ..units import number, percent
@@ -17,7 +19,7 @@ HOST_BOUND_BUSY_RATIO = 0.5
 def check_host_bound(source: Source) -> list[Finding]:
     busy = source.series(BUSY)
     if not busy:
-        raise NotAssessed("no llm_gpu_busy_ratio in the window: is an instrumented process scraped?")
+        raise NotAssessed(f"no {names.LLM_GPU_BUSY_RATIO} in the window: is an instrumented process scraped?")
     running = source.series(RUNNING)
     findings, judged = [], False
     for group, busy_points in busy.items():
