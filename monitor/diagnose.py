@@ -7,6 +7,9 @@ Two sources of data, the same checks (:mod:`inferwatch.monitor.checks`):
 * ``--endpoint URL`` (repeatable): the endpoints themselves, scraped ``--samples`` times ``--interval``
   seconds apart; each pair of consecutive scrapes is one step.
 
+The checks judge by the alert configuration's thresholds (:mod:`inferwatch.monitor.checks.thresholds`):
+the bundled defaults, or ``--alerts-config FILE`` merged over them, so a diagnosis agrees with the alerts.
+
 Exit status: 0 when nothing is alarming (no finding, or only informational ones), 1 when there are
 warning or critical findings, 2 for bad options, 3 when the data could not be read or held nothing any
 check could judge.
@@ -20,11 +23,13 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from inferwatch.alerts.config import ConfigError, load_config
 from inferwatch.cli import UsageError
 from inferwatch.common.durations import parse_duration
-from inferwatch.monitor.checks import Diagnosis, Series, Severity, diagnose
+from inferwatch.monitor.checks import Diagnosis, Series, Severity, Thresholds, diagnose
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.prometheus import PrometheusClient, PrometheusError
 from inferwatch.monitor.scrape import Snapshot, normalize_url, scrape_round
@@ -154,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="time to wait for an answer (default 10)",
     )
+    parser.add_argument(
+        "--alerts-config",
+        type=Path,
+        metavar="FILE",
+        help="judge by the thresholds of this alert configuration, merged over the defaults as "
+        "`inferwatch alerts render --config FILE` does (default: the bundled alerts/config.yaml)",
+    )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
@@ -228,6 +240,10 @@ def render(diagnosis: Diagnosis, heading: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
+        limits = Thresholds.from_alerts(load_config(args.alerts_config))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
         if args.prometheus:
             source: PrometheusSource | ScrapeSource = _prometheus_source(args)
             heading = (
@@ -240,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
                 f"inferwatch diagnose: {len(args.endpoint)} endpoint(s) scraped {args.samples} times "
                 f"{args.interval:g}s apart"
             )
-        diagnosis = diagnose(source)
+        diagnosis = diagnose(source, limits)
     except (PrometheusError, NoDataError) as exc:
         print(f"inferwatch diagnose: {exc}", file=sys.stderr)
         return EXIT_NO_DATA

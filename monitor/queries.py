@@ -69,10 +69,6 @@ GPU_SLOWDOWN_TEMPERATURE = Gauge(
 )
 CLOCK_EVENT_ACTIVE = Gauge(Selector(names.GPU_CLOCKS_EVENT_ACTIVE), (*GPU, "reason"), "max")
 CLOCK_EVENT_DUTY = Rate(Selector(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL), (*GPU, "reason"))
-# Clocks-event reasons that are not throttling: an idle GPU, clocks set on purpose, and policy states.
-BENIGN_CLOCK_REASONS = frozenset(
-    {"gpu_idle", "applications_clocks_setting", "display_clock_setting", "sync_boost", "low_utilization"}
-)
 
 # --- the exporter: host and serving processes --------------------------------------------------------
 HOST_CPU_RATE = Rate(Selector(names.HOST_CPU_SECONDS_TOTAL), HOST)

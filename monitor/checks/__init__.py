@@ -8,7 +8,9 @@ scaling law) says so instead of passing silently.
 
 One check per module, each with its thresholds and where they come from: :mod:`.host_bound`,
 :mod:`.throttling`, :mod:`.fluctuation`, :mod:`.oom_risk`, :mod:`.leak`, :mod:`.bound` and
-:mod:`.scaling`. :mod:`.findings` is what they return, :mod:`.stats` the arithmetic they share.
+:mod:`.scaling`. :mod:`.findings` is what they return, :mod:`.stats` the arithmetic they share, and
+:mod:`.thresholds` what they judge against: the alert configuration's, so that a diagnosis does not
+contradict an alert.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from .host_bound import check_host_bound
 from .leak import check_leaks
 from .oom_risk import check_oom_risk
 from .scaling import check_scaling
+from .thresholds import Thresholds
 from .throttling import check_throttling
 
-__all__ = ["CHECKS", "Diagnosis", "Series", "Severity", "diagnose"]
+__all__ = ["CHECKS", "Diagnosis", "Series", "Severity", "Thresholds", "diagnose"]
 
-CHECKS: tuple[tuple[str, Callable[[Source], list[Finding]]], ...] = (
+CHECKS: tuple[tuple[str, Callable[[Source, Thresholds], list[Finding]]], ...] = (
     ("host-bound", check_host_bound),
     ("throttling", check_throttling),
     ("fluctuation", check_fluctuation),
@@ -37,12 +40,12 @@ CHECKS: tuple[tuple[str, Callable[[Source], list[Finding]]], ...] = (
 )
 
 
-def diagnose(source: Source) -> Diagnosis:
-    """Run every check; findings most severe first."""
+def diagnose(source: Source, limits: Thresholds) -> Diagnosis:
+    """Run every check against ``limits`` (:meth:`Thresholds.from_alerts`); findings most severe first."""
     result = Diagnosis()
     for name, check in CHECKS:
         try:
-            found = check(source)
+            found = check(source, limits)
         except NotAssessed as exc:
             result.not_assessed[name] = str(exc)
             continue

@@ -1,5 +1,6 @@
 """Bandwidth- and compute-bound (information, not alarms): decode reading at half the peak memory
-bandwidth or more, prefill at half the peak FLOP/s or more (reference/000)."""
+bandwidth or more, prefill at half the peak FLOP/s or more (reference/000). No alert watches these: the
+thresholds of the alert configuration do not apply."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from ..queries import BANDWIDTH_UTIL, FLOPS_UTIL
 from ..units import percent
 from .findings import Finding, NotAssessed, Severity, Source, evidence_for, subject
 from .stats import values
+from .thresholds import Thresholds
 
 BANDWIDTH_BOUND = 0.5
 COMPUTE_BOUND = 0.5
 
 
-def check_bound(source: Source) -> list[Finding]:
+def check_bound(source: Source, limits: Thresholds) -> list[Finding]:
     bandwidth, flops = source.series(BANDWIDTH_UTIL), source.series(FLOPS_UTIL)
     if not (bandwidth or flops):
         raise NotAssessed("no bandwidth or FLOP/s utilization series: they need a CUDA device")

@@ -1,7 +1,9 @@
 """Fluctuation: identical requests whose latency differs by more than 30 % (reference/002 §6.1), measured
-as the coefficient of variation of the mean ITL/TTFT between steps of the window. It only counts when the
-workload itself was steady (mean batch size or prompt length varying by under 10 % between steps): a
-varying workload explains varying latency."""
+as the coefficient of variation of the mean ITL/TTFT between steps of the window against the
+InferwatchLatencyFluctuation alert's threshold (30 % by default). It only counts when the workload itself
+was steady (mean batch size or prompt length varying by under 10 % between steps): a varying workload
+explains varying latency. The alert has no such condition; it judges a 15-minute window of one-minute
+means, long enough for a mixed workload to average out, where a diagnosis window may be seconds."""
 
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from ..queries import BATCH_MEAN, ITL_MEAN, PROMPT_TOKENS_MEAN, TTFT_MEAN
 from ..units import duration, percent
 from .findings import Finding, NotAssessed, Severity, Source, evidence_for, subject
 from .stats import coefficient_of_variation, values
+from .thresholds import Thresholds
 
-FLUCTUATION_COV = 0.30
 WORKLOAD_STEADY_COV = 0.10
 
 
 def _fluctuation(
-    source: Source, latency: Expr, latency_name: str, workload: Expr, workload_name: str
+    source: Source, limit: float, latency: Expr, latency_name: str, workload: Expr, workload_name: str
 ) -> tuple[list[Finding], bool]:
     findings, judged = [], False
     workload_series = source.series(workload)
@@ -31,7 +33,7 @@ def _fluctuation(
             continue  # a varying workload explains varying latency: not the same requests
         judged = True
         cov = coefficient_of_variation(values(points))
-        if cov <= FLUCTUATION_COV:
+        if cov <= limit:
             continue
         findings.append(
             Finding(
@@ -39,7 +41,8 @@ def _fluctuation(
                 Severity.WARNING,
                 subject(group),
                 f"mean {latency_name} varies by {percent(cov)} (coefficient of variation) between steps of a "
-                f"steady workload: more than the 30 % at which identical requests count as unstable",
+                f"steady workload: more than the {percent(limit)} at which identical requests count as "
+                "unstable",
                 (
                     evidence_for(
                         source,
@@ -60,10 +63,13 @@ def _fluctuation(
     return findings, judged
 
 
-def check_fluctuation(source: Source) -> list[Finding]:
-    itl, itl_judged = _fluctuation(source, ITL_MEAN, "inter-token latency", BATCH_MEAN, "mean batch size")
+def check_fluctuation(source: Source, limits: Thresholds) -> list[Finding]:
+    limit = limits.coefficient_of_variation_above
+    itl, itl_judged = _fluctuation(
+        source, limit, ITL_MEAN, "inter-token latency", BATCH_MEAN, "mean batch size"
+    )
     ttft, ttft_judged = _fluctuation(
-        source, TTFT_MEAN, "time to first token", PROMPT_TOKENS_MEAN, "mean prompt tokens"
+        source, limit, TTFT_MEAN, "time to first token", PROMPT_TOKENS_MEAN, "mean prompt tokens"
     )
     if not (itl_judged or ttft_judged):
         raise NotAssessed("fewer than 3 steps with latency data, or a workload that itself varied")

@@ -1,5 +1,6 @@
-"""Host-bound: the model's own work fills less than half of the wall time while requests run
-(reference/002 §4.1: idle gaps in the timeline); the busiest serving process's CPU is the evidence."""
+"""Host-bound: the model's own work fills less of the wall time while requests run than the
+InferwatchHostBound alert allows (reference/002 §4.1: idle gaps in the timeline); the busiest serving
+process's CPU is the evidence."""
 
 from __future__ import annotations
 
@@ -12,23 +13,26 @@ from ..queries import BUSY, PROCESS_CPU_RATE, RUNNING
 from ..units import number, percent
 from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, subject
 from .stats import aligned, values
+from .thresholds import Thresholds
 
-HOST_BOUND_BUSY_RATIO = 0.5
 
-
-def check_host_bound(source: Source) -> list[Finding]:
+def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
     busy = source.series(BUSY)
     if not busy:
         raise NotAssessed(f"no {names.LLM_GPU_BUSY_RATIO} in the window: is an instrumented process scraped?")
     running = source.series(RUNNING)
     findings, judged = [], False
     for group, busy_points in busy.items():
-        loaded = [(b, r) for b, r in aligned(busy_points, running.get(group, [])) if r > 0]
+        loaded = [
+            (b, r)
+            for b, r in aligned(busy_points, running.get(group, []))
+            if r > limits.requests_running_above
+        ]
         if not loaded:
             continue
         judged = True
         mean_busy = statistics.fmean(b for b, _ in loaded)
-        if mean_busy >= HOST_BOUND_BUSY_RATIO:
+        if mean_busy >= limits.busy_ratio_below:
             continue
         evidence = [
             evidence_for(source, "busy ratio while requests run (mean)", percent(mean_busy), BUSY),

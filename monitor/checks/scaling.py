@@ -1,6 +1,6 @@
 """The bottleneck matrix's scaling rows: a power law fitted to latency against prompt length, output
 length or batch size, when those varied by x1.5 or more in the window and the fit explains the points
-(R² 0.8)."""
+(R² 0.8). No alert watches these: the thresholds of the alert configuration do not apply."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ..queries import (
 )
 from .findings import Finding, NotAssessed, Severity, Source, evidence_for, subject
 from .stats import aligned, loglog_fit
+from .thresholds import Thresholds
 
 SCALING_MIN_POINTS = 5
 SCALING_MIN_SPREAD = 1.5
@@ -58,7 +59,7 @@ _SCALINGS = (
 )  # fmt: skip
 
 
-def check_scaling(source: Source) -> list[Finding]:
+def check_scaling(source: Source, limits: Thresholds) -> list[Finding]:
     findings, judged = [], False
     for scaling in _SCALINGS:
         xs, ys = source.series(scaling.x), source.series(scaling.y)
