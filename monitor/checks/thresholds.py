@@ -47,7 +47,7 @@ class Thresholds:
         """The thresholds of a validated alert configuration (what ``load_config`` returns)."""
         alerts = config["alerts"]
         host_bound, duty_cycle = alerts["InferwatchHostBound"], alerts["InferwatchGpuThrottleDutyCycleHigh"]
-        leak = alerts["InferwatchMemoryLeak"]
+        fluctuation, leak = alerts["InferwatchLatencyFluctuation"], alerts["InferwatchMemoryLeak"]
         return cls(
             busy_ratio_below=host_bound["busy_ratio_below"],
             requests_running_above=host_bound["requests_running_above"],
@@ -55,9 +55,7 @@ class Thresholds:
             software_reasons=frozenset(alerts["InferwatchGpuClocksThrottled"]["reasons"]),
             duty_cycle_reasons=frozenset(duty_cycle["reasons"]),
             duty_cycle_ratio_above=duty_cycle["duty_cycle_ratio_above"],
-            coefficient_of_variation_above=alerts["InferwatchLatencyFluctuation"][
-                "coefficient_of_variation_above"
-            ],
+            coefficient_of_variation_above=fluctuation["coefficient_of_variation_above"],
             headroom_tokens_below=alerts["InferwatchKvCacheHeadroomLow"]["headroom_tokens_below"],
             leak_bytes_per_second_above=leak["growth_bytes_above"]
             / parse_duration(leak["lookback"], promql=True),
