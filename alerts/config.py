@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from inferwatch.common.durations import parse_duration
 
 SEVERITIES = ("critical", "warning", "info")
-# Prometheus's duration syntax (model.ParseDuration): units largest first, e.g. 1h30m.
-_DURATION = re.compile(r"^((\d+)y)?((\d+)w)?((\d+)d)?((\d+)h)?((\d+)m)?((\d+)s)?((\d+)ms)?$")
 # One label matcher: name, operator, double-quoted value.
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"^({_MATCHER}(,{_MATCHER})*,?)?$")
@@ -31,12 +30,6 @@ _MATCHERS = re.compile(rf"^({_MATCHER}(,{_MATCHER})*,?)?$")
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key."""
-
-
-def duration_seconds(duration: str) -> float:
-    """Seconds in a Prometheus duration such as ``1h30m`` (already validated)."""
-    units = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
-    return sum(int(amount) * units[unit] for amount, unit in re.findall(r"(\d+)(ms|[ywdhms])", duration))
 
 
 def default_config_text() -> str:
@@ -135,7 +128,10 @@ def _check_scalar(where: str, key: str, value: object) -> None:
             raise ConfigError(f"{where!r} is a ratio and must be between 0 and 1, got {value!r}")
     if key == "severity" and value not in SEVERITIES:
         raise ConfigError(f"{where!r} must be one of {', '.join(SEVERITIES)}, got {value!r}")
-    if (key == "for" or key.endswith(("window", "lookback"))) and not (
-        isinstance(value, str) and value and _DURATION.match(value)
-    ):
-        raise ConfigError(f"{where!r} must be a Prometheus duration such as 5m or 1h, got {value!r}")
+    if key == "for" or key.endswith(("window", "lookback")):
+        try:
+            parse_duration(value, promql=True)
+        except ValueError:
+            raise ConfigError(
+                f"{where!r} must be a Prometheus duration such as 5m or 1h, got {value!r}"
+            ) from None

@@ -1,4 +1,4 @@
-"""The three dashboards of the design brief, as rows of panels from :mod:`.panels`.
+"""The three dashboards of the design brief, as rows of panels from the modules of :mod:`.panels`.
 
 * Inference overview: what the serving process measures - latency percentiles, throughput, errors,
   the prefill/decode breakdown, KV cache, and how busy the model keeps its device.
@@ -16,9 +16,20 @@ from collections.abc import Callable, Sequence
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.cog import builder as cog
 from grafana_foundation_sdk.models import dashboard as models
+from inferwatch.common import names
 
-from . import panels as p
 from .grafana import datasource_variable, query_variable, stat_panel, state_timeline_panel, timeseries_panel
+from .panels import (
+    efficiency,
+    gpu_clocks,
+    gpu_faults,
+    gpu_load,
+    latency,
+    memory,
+    monitoring,
+    prefill_decode,
+    throughput,
+)
 
 TAG = "inferwatch"
 Section = tuple[str, Sequence[cog.Builder[models.Panel]]]
@@ -29,10 +40,14 @@ def _variables() -> list[cog.Builder[models.VariableModel]]:
     return [
         datasource_variable(),
         query_variable(
-            "instance", "Instance", 'label_values({__name__=~"llm_model_info|gpu_info"}, instance)'
+            "instance",
+            "Instance",
+            f'label_values({{__name__=~"{names.LLM_MODEL_INFO}|{names.GPU_INFO}"}}, instance)',
         ),
-        query_variable("model", "Model", 'label_values(llm_model_info{instance=~"$instance"}, model)'),
-        query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$instance"}, gpu)'),
+        query_variable(
+            "model", "Model", f'label_values({names.LLM_MODEL_INFO}{{instance=~"$instance"}}, model)'
+        ),
+        query_variable("gpu", "GPU", f'label_values({names.GPU_INFO}{{instance=~"$instance"}}, gpu)'),
     ]
 
 
@@ -76,44 +91,44 @@ def overview() -> models.Dashboard:
             (
                 "Latency",
                 [
-                    timeseries_panel(p.time_to_first_token()),
-                    timeseries_panel(p.inter_token_latency()),
-                    timeseries_panel(p.end_to_end_latency()),
-                    timeseries_panel(p.per_request_token_time()),
+                    timeseries_panel(latency.time_to_first_token()),
+                    timeseries_panel(latency.inter_token_latency()),
+                    timeseries_panel(latency.end_to_end_latency()),
+                    timeseries_panel(latency.per_request_token_time()),
                 ],
             ),
             (
                 "Throughput and errors",
                 [
-                    timeseries_panel(p.tokens_per_second(), min_value=0),
-                    timeseries_panel(p.requests_by_status(), min_value=0, stacked=True),
-                    timeseries_panel(p.failed_requests(), min_value=0),
-                    timeseries_panel(p.requests_running(), min_value=0),
+                    timeseries_panel(throughput.tokens_per_second(), min_value=0),
+                    timeseries_panel(throughput.requests_by_status(), min_value=0, stacked=True),
+                    timeseries_panel(throughput.failed_requests(), min_value=0),
+                    timeseries_panel(throughput.requests_running(), min_value=0),
                 ],
             ),
             (
                 "Prefill and decode",
                 [
-                    timeseries_panel(p.prefill_vs_decode(), stacked=True),
-                    stat_panel(p.decode_share()),
-                    stat_panel(p.batch_size()),
-                    timeseries_panel(p.forward_time_by_phase(), width=24),
+                    timeseries_panel(prefill_decode.prefill_vs_decode(), stacked=True),
+                    stat_panel(prefill_decode.decode_share()),
+                    stat_panel(prefill_decode.batch_size()),
+                    timeseries_panel(prefill_decode.forward_time_by_phase(), width=24),
                 ],
             ),
             (
                 "KV cache and memory",
                 [
-                    timeseries_panel(p.kv_cache_bytes(), width=8, min_value=0),
-                    timeseries_panel(p.kv_cache_headroom(), width=8, min_value=0),
-                    timeseries_panel(p.allocator_memory(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_bytes(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
+                    timeseries_panel(memory.allocator_memory(), width=8, min_value=0),
                 ],
             ),
             (
                 "Device efficiency",
                 [
-                    timeseries_panel(p.busy_ratio(), width=8, min_value=0),
-                    timeseries_panel(p.decode_bandwidth(), width=8, min_value=0),
-                    timeseries_panel(p.prefill_flops(), width=8, min_value=0),
+                    timeseries_panel(efficiency.busy_ratio(), width=8, min_value=0),
+                    timeseries_panel(efficiency.decode_bandwidth(), width=8, min_value=0),
+                    timeseries_panel(efficiency.prefill_flops(), width=8, min_value=0),
                 ],
             ),
         ],
@@ -129,34 +144,34 @@ def gpu_hardware() -> models.Dashboard:
             (
                 "Load and memory",
                 [
-                    timeseries_panel(p.gpu_utilization(), width=8, min_value=0),
-                    timeseries_panel(p.memory_bandwidth_utilization(), width=8, min_value=0),
-                    timeseries_panel(p.device_memory(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.gpu_utilization(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.memory_bandwidth_utilization(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
                 ],
             ),
             (
                 "Power, temperature and clocks",
                 [
-                    timeseries_panel(p.power(), width=8, min_value=0),
-                    timeseries_panel(p.temperature(), width=8),
-                    timeseries_panel(p.clocks(), width=8, min_value=0),
+                    timeseries_panel(gpu_clocks.power(), width=8, min_value=0),
+                    timeseries_panel(gpu_clocks.temperature(), width=8),
+                    timeseries_panel(gpu_clocks.clocks(), width=8, min_value=0),
                     state_timeline_panel(
-                        p.clocks_event_reasons(), p.CLOCKS_EVENT_STATES, width=24, height=10
+                        gpu_clocks.clocks_event_reasons(), gpu_clocks.CLOCKS_EVENT_STATES, width=24, height=10
                     ),
-                    timeseries_panel(p.throttle_duty_cycle(), min_value=0),
-                    timeseries_panel(p.pstate()),
+                    timeseries_panel(gpu_clocks.throttle_duty_cycle(), min_value=0),
+                    timeseries_panel(gpu_clocks.pstate()),
                 ],
             ),
             (
                 "Faults and links",
                 [
-                    timeseries_panel(p.xid_errors(), width=8, min_value=0),
-                    timeseries_panel(p.ecc_errors(), width=8, min_value=0),
-                    timeseries_panel(p.remapped_rows(), width=8, min_value=0),
-                    timeseries_panel(p.gpu_up(), width=8),
-                    timeseries_panel(p.pcie_link(), width=8),
-                    timeseries_panel(p.pcie_traffic(), width=8, min_value=0),
-                    timeseries_panel(p.process_gpu_memory(), width=24, min_value=0),
+                    timeseries_panel(gpu_faults.xid_errors(), width=8, min_value=0),
+                    timeseries_panel(gpu_faults.ecc_errors(), width=8, min_value=0),
+                    timeseries_panel(gpu_faults.remapped_rows(), width=8, min_value=0),
+                    timeseries_panel(gpu_faults.gpu_up(), width=8),
+                    timeseries_panel(gpu_faults.pcie_link(), width=8),
+                    timeseries_panel(gpu_faults.pcie_traffic(), width=8, min_value=0),
+                    timeseries_panel(gpu_faults.process_gpu_memory(), width=24, min_value=0),
                 ],
             ),
         ],
@@ -173,36 +188,38 @@ def diagnosis() -> models.Dashboard:
             (
                 "Is latency following the clocks?",
                 [
-                    timeseries_panel(p.inter_token_latency()),
-                    timeseries_panel(p.latency_fluctuation(), min_value=0),
-                    timeseries_panel(p.sm_clock_ratio(), min_value=0),
-                    timeseries_panel(p.throttle_duty_cycle(), min_value=0),
-                    state_timeline_panel(p.clocks_event_reasons(), p.CLOCKS_EVENT_STATES, width=24),
+                    timeseries_panel(latency.inter_token_latency()),
+                    timeseries_panel(latency.latency_fluctuation(), min_value=0),
+                    timeseries_panel(gpu_clocks.sm_clock_ratio(), min_value=0),
+                    timeseries_panel(gpu_clocks.throttle_duty_cycle(), min_value=0),
+                    state_timeline_panel(
+                        gpu_clocks.clocks_event_reasons(), gpu_clocks.CLOCKS_EVENT_STATES, width=24
+                    ),
                 ],
             ),
             (
                 "Is memory running out?",
                 [
-                    timeseries_panel(p.kv_cache_headroom(), width=8, min_value=0),
-                    timeseries_panel(p.device_memory(), width=8, min_value=0),
-                    timeseries_panel(p.allocator_retries_and_ooms(), width=8, min_value=0),
-                    timeseries_panel(p.allocator_memory(), width=24, min_value=0),
+                    timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
+                    timeseries_panel(memory.allocator_retries_and_ooms(), width=8, min_value=0),
+                    timeseries_panel(memory.allocator_memory(), width=24, min_value=0),
                 ],
             ),
             (
                 "Is the host the bottleneck?",
                 [
-                    timeseries_panel(p.busy_ratio_vs_nvml(), width=8, min_value=0),
-                    timeseries_panel(p.serving_process_cpu(), width=8, min_value=0),
-                    timeseries_panel(p.requests_running(), width=8, min_value=0),
+                    timeseries_panel(efficiency.busy_ratio_vs_nvml(), width=8, min_value=0),
+                    timeseries_panel(efficiency.serving_process_cpu(), width=8, min_value=0),
+                    timeseries_panel(throughput.requests_running(), width=8, min_value=0),
                 ],
             ),
             (
                 "Is the monitoring healthy?",
                 [
-                    timeseries_panel(p.targets_up(), width=8),
-                    timeseries_panel(p.collection_age(), width=8, min_value=0),
-                    timeseries_panel(p.monitor_errors(), width=8, min_value=0),
+                    timeseries_panel(monitoring.targets_up(), width=8),
+                    timeseries_panel(monitoring.collection_age(), width=8, min_value=0),
+                    timeseries_panel(monitoring.monitor_errors(), width=8, min_value=0),
                 ],
             ),
         ],

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferwatch.common.durations import parse_duration
+
 from .errors import ConfigError
 from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
 
@@ -54,20 +56,6 @@ class ExporterConfig:
 
 
 # --- value parsers: each raises ValueError with a message that reads well after "flag: " ---------------
-
-_DURATION = re.compile(r"^(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s|m|h)?$")
-_UNIT_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: str) -> float:
-    """``500ms``, ``1s``, ``1.5s``, ``2m``, ``1h`` or a bare number of seconds; must be above zero."""
-    match = _DURATION.match(value.strip())
-    if not match:
-        raise ValueError(f"{value!r} is not a duration (examples: 500ms, 1s, 2m)")
-    seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"]]
-    if seconds <= 0:
-        raise ValueError(f"{value!r} must be above zero")
-    return seconds
 
 
 def parse_optional_duration(value: str) -> float | None:

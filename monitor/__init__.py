@@ -1,5 +1,6 @@
 """inferwatch.monitor: ``inferwatch top`` and ``inferwatch diagnose``, over scraped endpoints or Prometheus.
 
-Never imports torch: it runs wherever the exporter runs. The terminal views need rich (the ``monitor``
-extra); ``--json`` output needs nothing beyond prometheus-client.
+Never imports torch: it runs wherever the exporter runs. The thresholds come from the alert
+configuration (pyyaml) and the terminal views need rich, both in the ``monitor`` extra; ``--json`` output
+does without rich.
 """

@@ -7,6 +7,9 @@ Two sources of data, the same checks (:mod:`inferwatch.monitor.checks`):
 * ``--endpoint URL`` (repeatable): the endpoints themselves, scraped ``--samples`` times ``--interval``
   seconds apart; each pair of consecutive scrapes is one step.
 
+The checks judge by the alert configuration's thresholds (:mod:`inferwatch.monitor.checks.thresholds`):
+the bundled defaults, or ``--alerts-config FILE`` merged over them, so a diagnosis agrees with the alerts.
+
 Exit status: 0 when nothing is alarming (no finding, or only informational ones), 1 when there are
 warning or critical findings, 2 for bad options, 3 when the data could not be read or held nothing any
 check could judge.
@@ -17,13 +20,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from inferwatch.monitor.checks import Diagnosis, Series, Severity, diagnose
+from inferwatch.alerts.config import ConfigError as AlertsConfigError
+from inferwatch.alerts.config import load_config
+from inferwatch.common.durations import parse_duration
+from inferwatch.monitor.checks import Diagnosis, Series, Severity, Thresholds, diagnose
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.prometheus import PrometheusClient, PrometheusError
 from inferwatch.monitor.scrape import Snapshot, normalize_url, scrape_round
@@ -38,16 +44,13 @@ class NoDataError(Exception):
     """Not one endpoint could be scraped."""
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-_UNIT_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus-style duration: ``500ms``, ``30s``, ``5m``, ``1h``."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match[1]) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30s, 5m or 1h, got {text!r}")
-    return float(match[1]) * _UNIT_SECONDS[match[2]]
+def duration_option(text: str) -> float:
+    """An option's duration (``500ms``, ``30s``, ``1h30m``; see :mod:`inferwatch.common.durations`), with
+    the parser's message as argparse's."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def promql_duration(seconds: float) -> str:
@@ -124,21 +127,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=parse_duration,
-        default=parse_duration("10m"),
+        type=duration_option,
+        default=duration_option("10m"),
         metavar="DURATION",
         help="--prometheus: look back this far (default 10m)",
     )
     parser.add_argument(
         "--step",
-        type=parse_duration,
+        type=duration_option,
         metavar="DURATION",
         help="--prometheus: resolution of the series (default: window / 30, at least 1s)",
     )
     parser.add_argument(
         "--rate-window",
-        type=parse_duration,
-        default=parse_duration("1m"),
+        type=duration_option,
+        default=duration_option("1m"),
         metavar="DURATION",
         help="--prometheus: range of rate(); at least twice the scrape interval (default 1m)",
     )
@@ -162,6 +165,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar="SECONDS",
         help="time to wait for an answer (default 10)",
+    )
+    parser.add_argument(
+        "--alerts-config",
+        type=Path,
+        metavar="FILE",
+        help="judge by the thresholds of this alert configuration, merged over the defaults as "
+        "`inferwatch alerts render --config FILE` does (default: the bundled alerts/config.yaml)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
@@ -237,6 +247,10 @@ def render(diagnosis: Diagnosis, heading: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
+        limits = Thresholds.from_alerts(load_config(args.alerts_config))
+    except AlertsConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
         if args.prometheus:
             source: PrometheusSource | ScrapeSource = _prometheus_source(args)
             heading = (
@@ -249,7 +263,7 @@ def main(args: argparse.Namespace) -> int:
                 f"inferwatch diagnose: {len(args.endpoint)} endpoint(s) scraped {args.samples} times "
                 f"{args.interval:g}s apart"
             )
-        diagnosis = diagnose(source)
+        diagnosis = diagnose(source, limits)
     except (PrometheusError, NoDataError) as exc:
         print(f"inferwatch diagnose: {exc}", file=sys.stderr)
         return EXIT_NO_DATA

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.monitor import queries as q
+from inferwatch.monitor.checks.thresholds import default_thresholds
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.scrape import Labels, Snapshot
 
@@ -164,7 +165,7 @@ def build_frame(earlier: Snapshot | None, later: Snapshot) -> Frame:
     throttled: defaultdict[Labels, list[str]] = defaultdict(list)
     for group, value in q.CLOCK_EVENT_ACTIVE.evaluate(base, later).items():
         reason = dict(group)["reason"]
-        if value > 0 and reason not in q.BENIGN_CLOCK_REASONS:
+        if value > 0 and reason in default_thresholds().throttling_reasons:
             throttled[tuple(kv for kv in group if kv[0] != "reason")].append(reason)
     gpus = tuple(
         GpuRow(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from inferwatch.alerts.config import ConfigError, duration_seconds, load_config, merge_config
+from inferwatch.alerts.config import ConfigError, load_config, merge_config
 from inferwatch.alerts.rules import ALERTS, render_rules
+from inferwatch.common.durations import parse_duration
 
 
 def test_defaults_cover_every_alert_and_nothing_else() -> None:
@@ -109,4 +110,4 @@ def test_unreadable_and_invalid_files_are_config_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("duration", "seconds"), [("90s", 90), ("5m", 300), ("1h30m", 5400), ("1d", 86400)])
 def test_durations_convert_to_seconds(duration: str, seconds: float) -> None:
-    assert duration_seconds(duration) == seconds
+    assert parse_duration(duration, promql=True) == seconds

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferwatch.monitor.checks import Diagnosis, diagnose
+from inferwatch.alerts.config import merge_config
+from inferwatch.monitor.checks import Diagnosis, Thresholds, diagnose
 from inferwatch.monitor.diagnose import ScrapeSource
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -36,6 +37,7 @@ class Serving:
         self.running = Gauge("llm_requests_running", "", m, registry=r)
         self.busy = Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r)
         self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", ["model", "device"], registry=r)
+        self.headroom = Gauge("llm_kv_cache_headroom_tokens", "", m, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "", registry=r)
         Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("m", "cuda:0").set(1)
 
@@ -53,6 +55,7 @@ class Serving:
         rss: float = 1e9,
         ooms: int = 0,
         bandwidth: float | None = None,
+        headroom: float | None = None,
     ) -> None:
         for _ in range(tokens):
             self.itl.labels("m").observe(itl)
@@ -69,6 +72,8 @@ class Serving:
         self.rss.set(rss)
         if bandwidth is not None:
             self.bandwidth.labels("m", "cuda:0").set(bandwidth)
+        if headroom is not None:
+            self.headroom.labels("m").set(headroom)
 
 
 class Gpus:
@@ -110,8 +115,10 @@ def run(
     steps: int,
     serving: Callable[[int], dict] | None = None,
     gpus: Callable[[int], dict] | None = None,
+    alerts: dict | None = None,
 ) -> Diagnosis:
-    """Scrape after each of ``steps`` one-second steps and diagnose the history."""
+    """Scrape after each of ``steps`` one-second steps and diagnose the history, with the thresholds of
+    the alert configuration ``alerts`` (overrides of the defaults)."""
     process, gpu = Serving(), Gpus()
     snapshots = []
     for i in range(steps):
@@ -123,4 +130,4 @@ def run(
             gpu.step(**gpus(i))
             scraped.append(endpoint(gpu.registry, float(i), "node:9835"))
         snapshots.append(snapshot(*scraped))
-    return diagnose(ScrapeSource(snapshots, "1s"))
+    return diagnose(ScrapeSource(snapshots, "1s"), Thresholds.from_alerts(merge_config(alerts or {})))

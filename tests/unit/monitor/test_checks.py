@@ -77,14 +77,50 @@ def test_throttling_by_hardware_is_critical_and_idle_is_not_throttling() -> None
 
 
 def test_throttle_time_without_a_current_reason() -> None:
-    # A power cap that came and went between polls: only the violation counter saw it (20 % of the time).
-    diagnosis = run(5, gpus=lambda i: {"throttle_duty": 0.2})
+    # A power cap that came and went between polls: only the violation counter saw it (30 % of the time,
+    # above the 25 % of InferwatchGpuThrottleDutyCycleHigh).
+    diagnosis = run(5, gpus=lambda i: {"throttle_duty": 0.3})
     (finding,) = findings(diagnosis, "throttling")
     assert finding.severity == Severity.WARNING
     active, held_back = finding.evidence[:2]
     assert (active.what, active.value) == ("sw_power_cap active (share of the steps)", "0.0%")
-    assert (held_back.what, held_back.value) == ("time held back by sw_power_cap (violation counter)", "20%")
+    assert (held_back.what, held_back.value) == ("time held back by sw_power_cap (violation counter)", "30%")
     assert held_back.query == "sum by (instance, gpu, reason) (rate(gpu_clocks_event_seconds_total[1s]))"
+
+
+def test_throttle_time_follows_the_duty_cycle_alert() -> None:
+    # 20 % of the time is under the alert's 25 %: the diagnosis does not contradict the quiet alert.
+    assert findings(run(5, gpus=lambda i: {"throttle_duty": 0.2}), "throttling") == []
+    duty = {"InferwatchGpuThrottleDutyCycleHigh": {"duty_cycle_ratio_above": 0.1}}
+    assert (
+        len(findings(run(5, gpus=lambda i: {"throttle_duty": 0.2}, alerts={"alerts": duty}), "throttling"))
+        == 1
+    )
+    # A reason the user took out of the duty-cycle alert's list is not judged by its counter.
+    duty = {"InferwatchGpuThrottleDutyCycleHigh": {"reasons": ["hw_thermal_slowdown"]}}
+    assert (
+        findings(run(5, gpus=lambda i: {"throttle_duty": 0.3}, alerts={"alerts": duty}), "throttling") == []
+    )
+
+
+def test_throttling_reasons_are_the_alerts_reasons() -> None:
+    # Without sw_power_cap in InferwatchGpuClocksThrottled's reasons, an active power cap is no finding.
+    alerts = {"alerts": {"InferwatchGpuClocksThrottled": {"reasons": ["sw_thermal_slowdown"]}}}
+    assert findings(run(5, gpus=lambda i: {"reasons": ("sw_power_cap",)}, alerts=alerts), "throttling") == []
+    (finding,) = findings(run(5, gpus=lambda i: {"reasons": ("sw_power_cap",)}), "throttling")
+    assert finding.severity == Severity.WARNING
+    # Hardware slowdown is critical because the hardware slowdown alert lists it, not by its name.
+    alerts = {"alerts": {"InferwatchGpuHardwareSlowdown": {"reasons": ["hw_thermal_slowdown"]}}}
+    assert findings(run(5, gpus=lambda i: {"reasons": ("hw_slowdown",)}, alerts=alerts), "throttling") == []
+
+
+def test_host_bound_follows_the_alert_configuration() -> None:
+    quiet = {"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.1}}}
+    assert findings(run(5, serving=lambda i: {"busy": 0.2}, alerts=quiet), "host-bound") == []
+    # Steps count as loaded only with more requests running than the alert's requests_running_above.
+    busy = {"alerts": {"InferwatchHostBound": {"requests_running_above": 1}}}
+    diagnosis = run(5, serving=lambda i: {"busy": 0.2, "running": 1}, alerts=busy)
+    assert "host-bound" in diagnosis.not_assessed
 
 
 def test_low_device_memory() -> None:
@@ -92,6 +128,22 @@ def test_low_device_memory() -> None:
     (finding,) = findings(diagnosis, "oom-risk")
     assert finding.severity == Severity.CRITICAL
     assert finding.evidence[0].value.startswith("3.8%")
+
+
+def test_kv_headroom_under_the_alerts_threshold() -> None:
+    # 3000 tokens: more than one request (64 + 25) needs, fewer than InferwatchKvCacheHeadroomLow's 4096.
+    (finding,) = findings(run(4, serving=lambda i: {"headroom": 3000}), "oom-risk")
+    assert finding.severity == Severity.WARNING
+    assert finding.summary == "the KV cache has room for fewer than 4,096 more tokens"
+    assert [e.value for e in finding.evidence] == ["3,000", "89"]
+    assert findings(run(4, serving=lambda i: {"headroom": 5000}), "oom-risk") == []
+    small = {"alerts": {"InferwatchKvCacheHeadroomLow": {"headroom_tokens_below": 1000}}}
+    assert findings(run(4, serving=lambda i: {"headroom": 3000}, alerts=small), "oom-risk") == []
+
+
+def test_kv_headroom_under_one_request() -> None:
+    (finding,) = findings(run(4, serving=lambda i: {"headroom": 50}), "oom-risk")
+    assert finding.summary == "the KV cache has less headroom than one average request needs"
 
 
 def test_an_oom_is_critical() -> None:
@@ -106,6 +158,26 @@ def test_memory_creeping_without_load_is_a_leak() -> None:
     (finding,) = findings(diagnosis, "leak")
     assert finding.subject == "process on node:8000"
     assert "serving process resident memory" in finding.summary
+    assert "faster than 512.00 MiB/h" in finding.summary
+
+
+def test_a_leak_is_growth_faster_than_the_leak_alert_allows() -> None:
+    # InferwatchMemoryLeak: 512 MiB per hour, about 149 kB/s. One step is one second.
+    slow, fast = (lambda i: {"rss": 1e9 + 140e3 * i}), (lambda i: {"rss": 1e9 + 160e3 * i})
+    assert findings(run(10, serving=slow), "leak") == []
+    assert len(findings(run(10, serving=fast), "leak")) == 1
+    leak = {"alerts": {"InferwatchMemoryLeak": {"growth_bytes_above": 1 << 30, "lookback": "1h"}}}
+    assert findings(run(10, serving=fast, alerts=leak), "leak") == []
+
+
+def test_a_leak_is_judged_against_the_alerts_load_growth() -> None:
+    # The token rate rises 15 % over the window: more than InferwatchMemoryLeak's 10 %, so not a leak.
+    def rising(i: int) -> dict:
+        return {"rss": 1e9 * (1 + 0.02 * i), "tokens": 100 if i < 4 else 115}
+
+    assert findings(run(10, serving=rising), "leak") == []
+    tolerant = {"alerts": {"InferwatchMemoryLeak": {"load_growth_ratio": 0.2}}}
+    assert len(findings(run(10, serving=rising, alerts=tolerant), "leak")) == 1
 
 
 def test_memory_growing_with_the_load_is_not_a_leak() -> None:

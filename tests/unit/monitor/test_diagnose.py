@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from pathlib import Path
 
 import pytest
 from inferwatch.cli import main as cli_main
@@ -25,15 +26,19 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1.5h", 5400)])
+# The exporter's and the alert configuration's syntax too (inferwatch.common.durations): 1d, 1h30m, 5.
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1.5h", 5400), ("1d", 86400), ("1h30m", 5400), ("5", 5)],
+)
 def test_durations(text: str, seconds: float) -> None:
-    assert diagnose.parse_duration(text) == seconds
+    assert diagnose.duration_option(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5", "-1m", "0s", "1d", "m"])
+@pytest.mark.parametrize("text", ["", "-1m", "0s", "m", "5 minutes", "30m1h"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        diagnose.parse_duration(text)
+        diagnose.duration_option(text)
 
 
 def test_promql_durations() -> None:
@@ -81,6 +86,39 @@ def test_json_shape() -> None:
     assert set(finding["evidence"][0]) == {"what", "value", "query"}
     assert set(finding["checklist"][0]) == {"action", "rationale", "source"}
     json.dumps(report)  # serializable as is
+
+
+HOST_BOUND_EXPOSITION = b"""\
+# TYPE llm_gpu_busy_ratio gauge
+llm_gpu_busy_ratio{model="m",device="cuda:0"} 0.2
+# TYPE llm_requests_running gauge
+llm_requests_running{model="m"} 1
+"""
+
+
+def test_the_thresholds_are_the_alert_configurations(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    scrape = ("--samples", "2", "--interval", "0.1")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("alerts:\n  InferwatchHostBound:\n    busy_ratio_below: 0.1\n")
+    with http_server(200, HOST_BOUND_EXPOSITION) as url:
+        default_code, default_out, _ = cli(capsys, "--endpoint", url, *scrape)
+        code, out, _ = cli(capsys, "--endpoint", url, *scrape, "--alerts-config", str(mine))
+    assert default_code == 1 and "WARNING  host-bound" in default_out
+    assert code == 0 and "no findings: host-bound" in out
+
+
+def test_a_bad_alert_configuration_exits_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("alerts:\n  InferwatchHostBound:\n    busy_ratio_below: 2\n")
+    code, out, err = cli(capsys, "--endpoint", "http://127.0.0.1:9", "--alerts-config", str(mine))
+    assert code == 2 and out == ""
+    assert "'alerts.InferwatchHostBound.busy_ratio_below' is a ratio" in err
+    code, _, err = cli(capsys, "--endpoint", "http://127.0.0.1:9", "--alerts-config", str(tmp_path / "none"))
+    assert code == 2 and "cannot read" in err
 
 
 def test_unreachable_prometheus_exits_3(capsys: pytest.CaptureFixture[str]) -> None:

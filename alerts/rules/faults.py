@@ -1,0 +1,100 @@
+"""GPU faults: critical XIDs, uncorrectable ECC errors, row remapping, a lost GPU, fewer GPUs than before."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+
+from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label, one_of, promql
+
+GROUP = AlertGroup("inferwatch-gpu-faults")
+
+
+@GROUP.alert("InferwatchGpuXidError")
+def _gpu_xid_error(p: Params) -> list[AlertRule]:
+    xids = p.exporter(names.GPU_XID_ERRORS_TOTAL, f'xid=~"{one_of(p["xids"])}"')
+    window = p["window"]
+    return [
+        p.rule(
+            events_above(xids, window, 0),
+            f"{GPU} reported XID {label('xid')}.",
+            f"{GPU} reported XID {label('xid')} {VALUE} times in the last {window}. This XID means a "
+            "hardware, driver or firmware fault; the GPU may need a reset or service.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuUncorrectableEccErrors")
+def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
+    # Volatile counts move at once; aggregate ones count the same errors again, later.
+    errors = p.exporter(names.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"', 'scope="volatile"')
+    window = p["window"]
+    return [
+        p.rule(
+            f"increase({errors}[{window}]) > 0",
+            f"{GPU} had uncorrectable ECC errors.",
+            f"{GPU} counted {VALUE} uncorrectable ECC errors in the last {window}. "
+            "Data in device memory was corrupted; processes using it may have crashed or computed "
+            "wrong results.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuRowRemapFailure")
+def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
+    failure = p.exporter(names.GPU_REMAPPED_ROWS_FAILED)
+    return [
+        p.rule(
+            f"{failure} == 1",
+            f"{GPU} failed to remap a memory row.",
+            f"{GPU} reports a row-remapping failure: a bad memory row could not be replaced by a spare. "
+            "The GPU needs service.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuRowRemapPending")
+def _gpu_row_remap_pending(p: Params) -> list[AlertRule]:
+    pending = p.exporter(names.GPU_REMAPPED_ROWS_PENDING)
+    return [
+        p.rule(
+            f"{pending} == 1",
+            f"{GPU} needs a reset to remap a memory row.",
+            f"{GPU} has had a row remapping pending for more than {p['for']}: it takes effect at the next "
+            "GPU reset, until then the bad row is still in use.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuLost")
+def _gpu_lost(p: Params) -> list[AlertRule]:
+    up = p.exporter(names.GPU_UP)
+    return [
+        p.rule(
+            f"{up} == 0",
+            f"{GPU} does not answer.",
+            f"The exporter could not read {GPU} for more than {p['for']}: it fell off the bus, hung, or "
+            "NVML fails on it.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuCountDropped")
+def _gpu_count_dropped(p: Params) -> list[AlertRule]:
+    info = p.exporter(names.GPU_INFO)
+    up = p.exporter(names.UP)
+    lookback = p["lookback"]
+    expr = promql(f"""
+        (
+          count by (job, instance) ({info})
+            or on (job, instance) 0 * ({up} == 1)
+        )
+        < max_over_time(count by (job, instance) ({info})[{lookback}:5m])
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{label('instance')} sees fewer GPUs than before.",
+            f"{label('instance')} now sees {VALUE} GPUs, fewer than it saw at some point in the last "
+            f"{lookback}: a GPU fell off the bus or the driver no longer enumerates it.",
+        )
+    ]

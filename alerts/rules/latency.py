@@ -1,0 +1,106 @@
+"""Latency: fluctuation of the inter-token latency, SLO budget burn of TTFT and inter-token latency,
+request errors (``llm_*`` from the serving processes)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from inferwatch.common import names
+
+from .base import (
+    MODEL,
+    SERVING_BY,
+    VALUE_PERCENT,
+    AlertGroup,
+    AlertRule,
+    Params,
+    label,
+    num,
+    promql,
+    ratio_of_rates,
+)
+from .recording import mean_record, slo_error_record
+
+GROUP = AlertGroup("inferwatch-latency")
+
+
+@GROUP.alert("InferwatchLatencyFluctuation")
+def _latency_fluctuation(p: Params) -> list[AlertRule]:
+    mean = mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, p["mean_window"])
+    window = p["window"]
+    tokens = p.serving(f"{names.LLM_INTER_TOKEN_LATENCY_SECONDS}_count")
+    expr = promql(f"""
+        (
+          stddev_over_time({mean}[{window}])
+          /
+          avg_over_time({mean}[{window}])
+        ) > {num(p["coefficient_of_variation_above"])}
+        and on ({SERVING_BY})
+          sum by ({SERVING_BY}) (rate({tokens}[{window}])) > {num(p["min_tokens_per_second"])}
+    """)
+    return [
+        p.rule(
+            expr,
+            f"Inter-token latency of {MODEL} fluctuates by {VALUE_PERCENT}.",
+            f"The mean inter-token latency of {MODEL} per {p['mean_window']} varied with a coefficient of "
+            f"variation of {VALUE_PERCENT} over the last {window} (threshold "
+            f"{num(p['coefficient_of_variation_above'] * 100)}%), for more than {p['for']}. The same "
+            "workload should run at a steady speed: look for throttled clocks, other processes on the "
+            "GPU or CPU, and a CPU-bound input pipeline.",
+        )
+    ]
+
+
+def _budget_burn(p: Params, metric: str, what: str) -> list[AlertRule]:
+    budget = 1 - p["objective_ratio"]
+    rules = []
+    for speed in ("fast", "slow"):
+        settings = p[speed]
+        long_window, short_window = settings["long_window"], settings["short_window"]
+        threshold = num(settings["burn_rate"] * budget)
+        expr = promql(f"""
+            {slo_error_record(metric, long_window)} > {threshold}
+            and
+            {slo_error_record(metric, short_window)} > {threshold}
+        """)
+        rules.append(
+            p.rule(
+                expr,
+                f"{what} of model {label('model')} ({label('job')}) burns its error budget "
+                f"{num(settings['burn_rate'])} times too fast.",
+                f"{VALUE_PERCENT} of {what.lower()}s of model {label('model')} took longer than "
+                f"{num(p['target_seconds'])}s over the last {long_window} (and over the last "
+                f"{short_window}); the objective allows {num(budget * 100)}%. At this rate the error "
+                "budget of the SLO is spent early.",
+                values=settings,
+                labels={"long_window": long_window, "short_window": short_window},
+            )
+        )
+    return rules
+
+
+@GROUP.alert("InferwatchTimeToFirstTokenBudgetBurn")
+def _ttft_budget_burn(p: Params) -> list[AlertRule]:
+    return _budget_burn(p, names.LLM_TIME_TO_FIRST_TOKEN_SECONDS, "Time to first token")
+
+
+@GROUP.alert("InferwatchInterTokenLatencyBudgetBurn")
+def _itl_budget_burn(p: Params) -> list[AlertRule]:
+    return _budget_burn(p, names.LLM_INTER_TOKEN_LATENCY_SECONDS, "Inter-token latency")
+
+
+@GROUP.alert("InferwatchRequestErrors")
+def _request_errors(p: Params) -> list[AlertRule]:
+    failed = p.serving(names.LLM_REQUESTS_TOTAL, 'status!="ok"')
+    everything = p.serving(names.LLM_REQUESTS_TOTAL)
+    window = p["window"]
+    ratio = textwrap.indent(ratio_of_rates(failed, everything, window), "  ")
+    expr = f"(\n{ratio}\n) > {num(p['error_ratio_above'])}"
+    return [
+        p.rule(
+            expr,
+            f"{VALUE_PERCENT} of requests to {MODEL} fail.",
+            f"{VALUE_PERCENT} of the requests to {MODEL} ended in an error or out-of-memory over the "
+            f"last {window} (threshold {num(p['error_ratio_above'] * 100)}%), for more than {p['for']}.",
+        )
+    ]

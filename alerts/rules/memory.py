@@ -1,0 +1,109 @@
+"""OOM risk: KV-cache headroom, device memory filling up, allocator retries, out-of-memory errors, leaks."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+from inferwatch.common.durations import parse_duration
+
+from .base import GPU, MODEL, VALUE, VALUE_BYTES, AlertGroup, AlertRule, Params, label, num, promql
+
+GROUP = AlertGroup("inferwatch-memory")
+
+
+@GROUP.alert("InferwatchKvCacheHeadroomLow")
+def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
+    headroom = p.serving(names.LLM_KV_CACHE_HEADROOM_TOKENS)
+    return [
+        p.rule(
+            f"{headroom} < {num(p['headroom_tokens_below'])}",
+            f"Only {VALUE} more KV-cache tokens fit on the device of {MODEL}.",
+            f"Free device memory of {MODEL} holds only {VALUE} more tokens of KV cache (threshold "
+            f"{num(p['headroom_tokens_below'])}), for more than {p['for']}: a longer prompt or a bigger "
+            "batch runs out of memory.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchGpuMemoryFillingUp")
+def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
+    used = p.exporter(names.GPU_MEMORY_USED_BYTES)
+    total = p.exporter(names.GPU_MEMORY_TOTAL_BYTES)
+    horizon = p["horizon_window"]
+    expr = promql(f"""
+        (
+          predict_linear({used}[{p["window"]}], {num(parse_duration(horizon, promql=True))})
+            > {total}
+        )
+        and
+        (
+          {used} / {total} > {num(p["used_ratio_above"])}
+        )
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{GPU} runs out of memory within {horizon} at the current rate.",
+            f"Used memory of {GPU} is above {num(p['used_ratio_above'] * 100)}% and its trend over the "
+            f"last {p['window']} reaches {VALUE_BYTES}, more than the device holds, within {horizon}.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchAllocatorRetries")
+def _allocator_retries(p: Params) -> list[AlertRule]:
+    retries = p.serving(names.LLM_TORCH_ALLOC_RETRIES_TOTAL)
+    window = p["window"]
+    return [
+        p.rule(
+            f"increase({retries}[{window}]) > {num(p['retries_above'])}",
+            f"The CUDA allocator on {label('device')} of {label('instance')} keeps retrying allocations.",
+            f"torch's caching allocator on {label('device')} of {label('instance')} freed its cache and "
+            f"retried a failed allocation {VALUE} times in the last {window} (threshold "
+            f"{num(p['retries_above'])}). Each retry stalls the step; it is the early sign of an "
+            "out-of-memory error.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchOutOfMemory")
+def _out_of_memory(p: Params) -> list[AlertRule]:
+    ooms = p.serving(names.LLM_OOM_EVENTS_TOTAL)
+    window = p["window"]
+    return [
+        p.rule(
+            f"increase({ooms}[{window}]) > 0",
+            f"{MODEL} ran out of device memory.",
+            f"Out-of-memory errors raised by {MODEL} in the last {window}: {VALUE}. The requests that "
+            "hit them failed.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchMemoryLeak")
+def _memory_leak(p: Params) -> list[AlertRule]:
+    allocated = p.serving(names.LLM_TORCH_MEMORY_BYTES, 'kind="allocated"')
+    tokens = p.serving(names.LLM_GENERATION_TOKENS_TOTAL)
+    floor, lookback = p["floor_window"], p["lookback"]
+    load_now = f"sum by (job, instance) (rate({tokens}[{floor}]))"
+    load_before = f"sum by (job, instance) (rate({tokens}[{floor}] offset {lookback}))"
+    expr = promql(f"""
+        (
+          min_over_time({allocated}[{floor}])
+            - min_over_time({allocated}[{floor}] offset {lookback})
+        ) > {num(p["growth_bytes_above"])}
+        and on (job, instance)
+        (
+          {load_now}
+            <= {num(1 + p["load_growth_ratio"])} * {load_before}
+        )
+    """)
+    return [
+        p.rule(
+            expr,
+            f"Allocated memory on {label('device')} of {label('instance')} creeps up without more load.",
+            f"The lowest allocated memory on {label('device')} of {label('instance')} over {floor} grew "
+            f"by {VALUE_BYTES} in {lookback}, while the token rate did not rise by more than "
+            f"{num(p['load_growth_ratio'] * 100)}%: memory that is not released between requests (a "
+            "leak) ends in an out-of-memory error.",
+        )
+    ]

@@ -1,0 +1,78 @@
+"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+
+from .base import (
+    MODEL,
+    SERVING_BY,
+    VALUE,
+    VALUE_DURATION,
+    VALUE_PERCENT,
+    AlertGroup,
+    AlertRule,
+    Params,
+    label,
+    num,
+    promql,
+)
+
+GROUP = AlertGroup("inferwatch-serving")
+
+
+@GROUP.alert("InferwatchHostBound")
+def _host_bound(p: Params) -> list[AlertRule]:
+    busy = p.serving(names.LLM_GPU_BUSY_RATIO)
+    running = p.serving(names.LLM_REQUESTS_RUNNING)
+    window = p["window"]
+    expr = promql(f"""
+        {busy} < {num(p["busy_ratio_below"])}
+        and on ({SERVING_BY})
+          avg_over_time({running}[{window}]) > {num(p["requests_running_above"])}
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{MODEL} keeps its device busy only {VALUE_PERCENT} of the time while serving.",
+            f"The forward passes of {MODEL} occupied {label('device')} for only {VALUE_PERCENT} of wall "
+            f"time (threshold {num(p['busy_ratio_below'] * 100)}%) while requests were in flight, for "
+            f"more than {p['for']}. The device waits for the host: Python overhead, tokenization, "
+            "sampling or data loading sit between the kernels.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchServingProcessCpuSaturated")
+def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
+    cpu = p.exporter(names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL)
+    window = p["window"]
+    process = f"Serving process {label('comm')} (pid {label('pid')}) on {label('instance')}"
+    return [
+        p.rule(
+            f"sum by (job, instance, pid, comm) (rate({cpu}[{window}])) > {num(p['cpu_cores_above'])}",
+            f"{process} uses {VALUE} CPU cores.",
+            f"{process} used {VALUE} CPU seconds per second (user and system) over the "
+            f"last {window} (threshold {num(p['cpu_cores_above'])}): a Python serving loop is bound to one "
+            "core, so the host, not the GPU, limits throughput.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchEngineStalled")
+def _engine_stalled(p: Params) -> list[AlertRule]:
+    last_step = p.serving(names.LLM_LAST_STEP_TIMESTAMP_SECONDS)
+    running = p.serving(names.LLM_REQUESTS_RUNNING)
+    expr = promql(f"""
+        time() - {last_step} > {num(p["stall_seconds_above"])}
+        and on ({SERVING_BY})
+          {running} > 0
+    """)
+    return [
+        p.rule(
+            expr,
+            f"{MODEL} has made no progress for {VALUE_DURATION}.",
+            f"{MODEL} has requests in flight but ran no forward pass for {VALUE_DURATION} (threshold "
+            f"{num(p['stall_seconds_above'])}s): the engine is hung.",
+        )
+    ]

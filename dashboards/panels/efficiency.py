@@ -1,0 +1,81 @@
+"""Device efficiency and the host: busy ratio (also next to NVML utilization), decode bandwidth and
+prefill FLOPs utilization, and the serving process's CPU."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+
+from ..grafana import GREEN, YELLOW, PanelSpec, Query, above, below, steps
+from .queries import GPU, INSTANCE, SERVING, alert_settings, sel, summed
+
+
+def busy_ratio() -> PanelSpec:
+    limit = alert_settings("InferwatchHostBound")["busy_ratio_below"]
+    return PanelSpec(
+        "Device busy ratio",
+        f"Fraction of wall time the model's forward passes occupied its device. Below {limit:.0%} while "
+        "requests are in flight (InferwatchHostBound) the device waits for the host.",
+        "percentunit",
+        below(limit),
+        [Query(f"avg by (model, device) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})", "{{model}} {{device}}")],
+    )
+
+
+def busy_ratio_vs_nvml() -> PanelSpec:
+    spec = busy_ratio()
+    nvml = Query(
+        f"avg by (instance, gpu) ({sel(names.GPU_UTILIZATION_RATIO, GPU)})", "NVML utilization GPU {{gpu}}"
+    )
+    return PanelSpec(
+        "Device busy ratio and NVML utilization",
+        "The model's own kernels (busy ratio) next to NVML's view of the GPU: both low while requests "
+        "run means the host is the bottleneck; NVML high but busy ratio low means another process uses "
+        "the GPU.",
+        spec.unit,
+        spec.thresholds,
+        [*spec.queries, nvml],
+    )
+
+
+def _utilization(metric: str, title: str, description: str) -> PanelSpec:
+    return PanelSpec(
+        title,
+        description,
+        "percentunit",
+        steps((None, GREEN), (0.8, YELLOW)),
+        [Query(f"avg by (model, device) ({sel(metric, SERVING)})", "{{model}} {{device}}")],
+    )
+
+
+def decode_bandwidth() -> PanelSpec:
+    return _utilization(
+        names.LLM_DECODE_BANDWIDTH_UTILIZATION_RATIO,
+        "Decode bandwidth utilization",
+        "Bytes a decode step must read over its time, as a fraction of peak memory bandwidth. Near the "
+        "peak, decode is bandwidth-bound: quantization or batching are the levers.",
+    )
+
+
+def prefill_flops() -> PanelSpec:
+    return _utilization(
+        names.LLM_PREFILL_FLOPS_UTILIZATION_RATIO,
+        "Prefill FLOPs utilization",
+        "2 x parameters x prompt tokens over prefill time, as a fraction of peak FLOP/s.",
+    )
+
+
+def serving_process_cpu() -> PanelSpec:
+    limit = alert_settings("InferwatchServingProcessCpuSaturated")["cpu_cores_above"]
+    return PanelSpec(
+        "Serving process CPU",
+        f"CPU seconds per second of each serving process (user + system). A Python serving loop is bound "
+        f"to one core; InferwatchServingProcessCpuSaturated fires above {limit}.",
+        "short",
+        above(limit),
+        [
+            Query(
+                summed("rate", names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL, INSTANCE, "instance, pid, comm"),
+                "{{comm}} ({{pid}}) {{instance}}",
+            )
+        ],
+    )

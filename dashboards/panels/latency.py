@@ -1,0 +1,89 @@
+"""Latency: time to first token, inter-token and end-to-end latency, time per output token, and the
+fluctuation the latency alert watches."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+
+from ..grafana import RATE, PanelSpec, Query, above, normal
+from .queries import QUANTILES, alert_settings, mean, percentile
+
+
+def _latency(
+    metric: str, title: str, description: str, thresholds: list, with_mean: bool = False
+) -> PanelSpec:
+    queries = [percentile(metric, q) for q in QUANTILES]
+    if with_mean:
+        queries.append(mean(metric))
+    return PanelSpec(title, description, "s", thresholds, queries)
+
+
+def time_to_first_token() -> PanelSpec:
+    target = alert_settings("InferwatchTimeToFirstTokenBudgetBurn")["target_seconds"]
+    return _latency(
+        names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
+        "Time to first token",
+        f"From entry into generate until the first token is computed on the device. The red line is the "
+        f"SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
+        above(target),
+    )
+
+
+def inter_token_latency() -> PanelSpec:
+    target = alert_settings("InferwatchInterTokenLatencyBudgetBurn")["target_seconds"]
+    return _latency(
+        names.LLM_INTER_TOKEN_LATENCY_SECONDS,
+        "Inter-token latency",
+        f"Time between consecutive tokens of a request, and its mean. The red line is the SLO target "
+        f"({target} s) of InferwatchInterTokenLatencyBudgetBurn.",
+        above(target),
+        with_mean=True,
+    )
+
+
+def end_to_end_latency() -> PanelSpec:
+    return _latency(
+        names.LLM_E2E_REQUEST_LATENCY_SECONDS,
+        "End-to-end latency",
+        "Host time from entry into generate to its return, per successful request. It grows with the "
+        "number of generated tokens; compare it with the per-token panels before calling it slow.",
+        normal(),
+    )
+
+
+def per_request_token_time() -> PanelSpec:
+    return PanelSpec(
+        "Time per output token and worst stall",
+        "Per request: the mean time per output token after the first, and the longest single gap between "
+        "two tokens (p99 over requests). A worst stall far above the mean is a hiccup, not a slow model.",
+        "s",
+        above(alert_settings("InferwatchInterTokenLatencyBudgetBurn")["target_seconds"]),
+        [
+            percentile(names.LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, 0.5),
+            percentile(names.LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, 0.99),
+            Query(
+                percentile(names.LLM_REQUEST_MAX_INTER_TOKEN_LATENCY_SECONDS, 0.99).expr,
+                "worst stall p99 {{model}}",
+            ),
+        ],
+    )
+
+
+def latency_fluctuation() -> PanelSpec:
+    settings = alert_settings("InferwatchLatencyFluctuation")
+    window = settings["window"]
+    means = mean(names.LLM_INTER_TOKEN_LATENCY_SECONDS).expr
+    return PanelSpec(
+        "Inter-token latency fluctuation",
+        f"Coefficient of variation (standard deviation / mean) over {window} of the mean inter-token "
+        f"latency: what InferwatchLatencyFluctuation watches (with means per {settings['mean_window']}). "
+        f"The same workload should stay under {settings['coefficient_of_variation_above']:.0%}.",
+        "percentunit",
+        above(settings["coefficient_of_variation_above"]),
+        [
+            Query(
+                f"stddev_over_time(({means})[{window}:{RATE}]) / avg_over_time(({means})[{window}:{RATE}])",
+                "{{model}}",
+            )
+        ],
+    )

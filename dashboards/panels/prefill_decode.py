@@ -1,0 +1,56 @@
+"""Prefill and decode: time per request in each phase, the decode share, batch size, forward time."""
+
+from __future__ import annotations
+
+from inferwatch.common import names
+
+from ..grafana import PanelSpec, Query, normal
+from .queries import SERVING, mean, summed
+
+
+def prefill_vs_decode() -> PanelSpec:
+    return PanelSpec(
+        "Prefill and decode time per request",
+        "Mean prefill time (prompt to first token) and decode time (first to last token) per request, "
+        "stacked: decode usually dominates, and it is what KV caching, batching and speculative decoding "
+        "shorten.",
+        "s",
+        normal(),
+        [
+            Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
+            Query(mean(names.LLM_REQUEST_DECODE_SECONDS).expr, "decode {{model}}"),
+        ],
+    )
+
+
+def decode_share() -> PanelSpec:
+    prefill = summed("rate", f"{names.LLM_REQUEST_PREFILL_SECONDS}_sum", SERVING, "model")
+    decode = summed("rate", f"{names.LLM_REQUEST_DECODE_SECONDS}_sum", SERVING, "model")
+    return PanelSpec(
+        "Decode share of request time",
+        "Decode time over prefill + decode time, over the selected range's rate window.",
+        "percentunit",
+        normal(),
+        [Query(f"{decode} / ({prefill} + {decode})", "{{model}}")],
+    )
+
+
+def batch_size() -> PanelSpec:
+    return PanelSpec(
+        "Batch size",
+        "Mean number of sequences per forward pass. Latency that grows linearly with it points at "
+        "memory bandwidth (the bottleneck matrix of the reference notes).",
+        "short",
+        normal(),
+        [mean(names.LLM_BATCH_SIZE)],
+    )
+
+
+def forward_time_by_phase() -> PanelSpec:
+    return PanelSpec(
+        "Forward time by phase",
+        "Mean device time of one forward pass, prefill and decode (CUDA events; host clock on CPU).",
+        "s",
+        normal(),
+        [mean(names.LLM_FORWARD_SECONDS, by="model, phase")],
+    )
