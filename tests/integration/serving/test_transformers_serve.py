@@ -1,0 +1,335 @@
+"""``inferwatch run -- transformers serve``: a real OpenAI-compatible server, driven by the official client.
+
+What a user of ``transformers serve`` sees is the HTTP request, so the server-side latencies must match what
+its clients measure: time to first token and end-to-end latency are taken from the request's arrival
+(queueing on the server's single inference thread included), token counts match the ``usage`` the server
+reports, a client that hangs up is a ``cancelled`` request (not an ``error``), and a model that the server
+unloads after ``--model-timeout`` leaves no memory and no ``llm_model_info`` series behind.
+
+The server is ``transformers serve`` itself (FastAPI + uvicorn; one persistent ``InferenceThread`` per model
+running ``model.generate`` with a ``DirectStreamer``), on a small random-weight model written locally
+(:mod:`tests.support.servemodel`). Both ports are chosen explicitly: both programs default to 8000.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.support import free_port, http_get, parse_samples, sample_value, wait_for_http
+from tests.support.processes import INFERWATCH, Process, spawn
+from tests.support.servemodel import write_serve_model
+from tests.support.services import wait_until
+
+pytestmark = pytest.mark.integration
+
+#: The ``transformers`` command of this interpreter's environment (its ``serving`` extra installed).
+TRANSFORMERS = str(Path(sys.executable).with_name("transformers"))
+
+# Timing comparisons: the server's mean within 10 % of the clients' mean, or within 50 ms of it (what the
+# client adds — connecting, sending the body, SSE framing, the final usage chunk — is a few ms a request).
+RELATIVE_TOLERANCE = 0.10
+ABSOLUTE_TOLERANCE = 0.05
+#: Tokens per request of the timing tests: long enough that decode dominates, short on a loaded 2-core box.
+MAX_TOKENS = 24
+
+
+@dataclass
+class Server:
+    """A ``transformers serve`` process under ``inferwatch run``."""
+
+    process: Process
+    api_port: int
+    metrics_port: int
+    model: str  # the model directory: the ``model`` field of every request
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def client(self) -> OpenAI:
+        # No retries: a failed request must fail the test, not be sent again and counted twice.
+        return OpenAI(
+            base_url=f"http://127.0.0.1:{self.api_port}/v1", api_key="x", max_retries=0, timeout=120
+        )
+
+    def metrics(self) -> str:
+        status, body = http_get(self.metrics_url, timeout=10)
+        assert status == 200, f"{self.metrics_url} answered {status}"
+        return body
+
+    def logs(self) -> str:
+        """The end of the server's stderr, for failure messages (where the instrumentation logs errors)."""
+        return f"server stderr (end):\n{self.process.stderr()[-6000:]}"
+
+
+@contextmanager
+def serve(
+    workdir: Path, model_dir: Path, *, force_model: bool, model_timeout: int, name: str
+) -> Iterator[Server]:
+    """Start ``inferwatch run --port P -- transformers serve [DIR] --port Q`` and wait until both answer.
+
+    The process runs in its own session; leaving the block kills its process group (``spawn``).
+    """
+    api_port, metrics_port = free_port(), free_port()
+    while metrics_port == api_port:
+        metrics_port = free_port()
+    command = [*INFERWATCH, "run", f"--port={metrics_port}", "--", TRANSFORMERS, "serve"]
+    if force_model:
+        command.append(str(model_dir))
+    command += [
+        f"--port={api_port}",
+        "--host=127.0.0.1",
+        "--device=cpu",
+        f"--model-timeout={model_timeout}",
+    ]
+    with spawn(command, workdir, name=name) as process:
+        server = Server(process, api_port, metrics_port, str(model_dir))
+        try:
+            # Start-up imports torch, transformers and FastAPI, and loads a forced model: slow on busy cores.
+            wait_for_http(f"http://127.0.0.1:{api_port}/health", timeout=180)
+            wait_for_http(server.metrics_url, timeout=30)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{server.logs()}") from None
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the module, its model forced (loaded at start, never unloaded)."""
+    workdir = tmp_path_factory.mktemp("transformers-serve")
+    model_dir = write_serve_model(workdir / "model")
+    with serve(workdir, model_dir, force_model=True, model_timeout=600, name="serve") as running:
+        yield running
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one streaming client measured and was told."""
+
+    time_to_first_chunk: float  # request sent -> first chunk with content
+    total: float  # request sent -> stream exhausted (usage chunk included)
+    content_chunks: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def stream_chat(client: OpenAI, model: str, prompt: str, max_tokens: int) -> Completion:
+    """One streaming chat completion, timed as a user of the API times it."""
+    start = time.perf_counter()
+    first: float | None = None
+    chunks = 0
+    usage = None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+        # transformers serve logs `stream_options` as unsupported and ignores it, but sends usage with the
+        # final chunk anyway; asked for all the same, as a client of any OpenAI-compatible server would.
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        # The first chunk carries only the role, sent before generation starts: not a token.
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            if first is None:
+                first = time.perf_counter() - start
+        if chunk.usage is not None:
+            usage = chunk.usage
+    total = time.perf_counter() - start
+    assert first is not None, "no content chunk"
+    assert usage is not None, "no usage in the stream"
+    return Completion(first, total, chunks, usage.prompt_tokens, usage.completion_tokens)
+
+
+def concurrent_chats(server: Server, clients: int, max_tokens: int) -> list[Completion]:
+    """``clients`` streaming requests sent at once (a barrier lines the threads up), one prompt each."""
+    barrier = threading.Barrier(clients)
+    client = server.client()
+
+    def one(index: int) -> Completion:
+        barrier.wait(timeout=30)
+        return stream_chat(client, server.model, f"request {index}: tell me about the weather", max_tokens)
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        return list(pool.map(one, range(clients)))
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """A sample's value, 0 when it is not exposed yet (the model is instrumented at its first generate)."""
+    return sample_value(text, name, **labels) or 0.0
+
+
+def delta(before: str, after: str, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def metrics_after(server: Server, before: str, name: str, increase: float, timeout: float = 60) -> str:
+    """The exposition once ``name`` grew by ``increase`` since ``before`` (some observations are made in
+    the background after the response ended)."""
+
+    def probe() -> str | None:
+        body = server.metrics()
+        return body if delta(before, body, name) >= increase else None
+
+    try:
+        return wait_until(probe, timeout=timeout, what=f"{name} to grow by {increase}")
+    except Exception as exc:
+        raise AssertionError(f"{exc}; now {value(server.metrics(), name)}\n{server.logs()}") from None
+
+
+def assert_close(what: str, server_mean: float, client_mean: float) -> None:
+    tolerance = max(RELATIVE_TOLERANCE * client_mean, ABSOLUTE_TOLERANCE)
+    assert abs(server_mean - client_mean) <= tolerance, (
+        f"{what}: server mean {server_mean * 1000:.1f} ms, clients' mean {client_mean * 1000:.1f} ms "
+        f"(tolerance {tolerance * 1000:.1f} ms)"
+    )
+
+
+def histogram_mean(before: str, after: str, name: str) -> float:
+    """Mean of the observations of histogram ``name`` made between the two scrapes."""
+    count = delta(before, after, f"{name}_count")
+    assert count > 0, f"no {name} observation"
+    return delta(before, after, f"{name}_sum") / count
+
+
+@pytest.mark.parametrize("clients", [1, 4])
+def test_latency_and_tokens_match_what_the_clients_see(server: Server, clients: int) -> None:
+    before = server.metrics()
+    completions = concurrent_chats(server, clients, MAX_TOKENS)
+    after = metrics_after(server, before, "llm_e2e_request_latency_seconds_count", clients)
+
+    # The harness: every request streamed content and reported its usage.
+    assert all(c.content_chunks > 0 and c.completion_tokens > 0 for c in completions), completions
+    assert delta(before, after, "llm_requests_total", status="ok") == clients, server.logs()
+    assert delta(before, after, "llm_time_to_first_token_seconds_count") == clients
+
+    # Tokens, as the server's `usage` reports them. They agree with generate's by construction, for a
+    # batch of one: `prompt_tokens` is `input_ids.shape[-1]` of the chat-templated prompt that generate
+    # receives, and `completion_tokens` is DirectStreamer.total_tokens, one per token generate put() after
+    # the prompt (an EOS included, as inferwatch counts a row up to and including its EOS).
+    generated, prompted = (
+        sum(c.completion_tokens for c in completions),
+        sum(c.prompt_tokens for c in completions),
+    )
+    assert delta(before, after, "llm_generation_tokens_total") == generated
+    assert delta(before, after, "llm_prompt_tokens_total") == prompted
+
+    # Latency from the HTTP request's arrival: with 4 clients, 3 of them wait for the inference thread,
+    # and their users see that wait in their time to first token.
+    client_ttft = sum(c.time_to_first_chunk for c in completions) / clients
+    client_total = sum(c.total for c in completions) / clients
+    server_ttft = histogram_mean(before, after, "llm_time_to_first_token_seconds")
+    server_e2e = histogram_mean(before, after, "llm_e2e_request_latency_seconds")
+    print(
+        f"\n{clients} client(s): TTFT server {server_ttft * 1000:.1f} ms"
+        f" / clients {client_ttft * 1000:.1f} ms; E2E server {server_e2e * 1000:.1f} ms"
+        f" / clients {client_total * 1000:.1f} ms"
+    )
+    assert_close("time to first token", server_ttft, client_ttft)
+    assert_close("end-to-end latency", server_e2e, client_total)
+
+
+def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> None:
+    # transformers serve runs one generate at a time per model: of 4 requests sent at once, 3 queue.
+    before = server.metrics()
+    concurrent_chats(server, 4, max_tokens=8)
+    after = metrics_after(server, before, "llm_e2e_request_latency_seconds_count", 4)
+    assert delta(before, after, "llm_request_queue_seconds_sum") > 0, server.logs()
+    assert sample_value(after, "llm_requests_waiting") is not None, "llm_requests_waiting is not exposed"
+
+
+def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
+    # The client closes its stream after a few chunks while generation has far to go: transformers serve
+    # sees the disconnect, calls streamer.cancel(), and generate is aborted by _GenerationCancelled raised
+    # from the streamer's next put(). That is the client's doing, not a failure of the model.
+    before = server.metrics()
+    stream = server.client().chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "a long story, please"}],
+        max_tokens=600,  # ~30 s of decoding here: far beyond the hang-up, bounded if the cancel is missed
+        stream=True,
+    )
+    content_chunks = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            content_chunks += 1
+            if content_chunks == 3:
+                break
+    stream.close()
+    assert content_chunks == 3
+
+    def ended() -> str | None:
+        body = server.metrics()
+        return body if delta(before, body, "llm_requests_total") >= 1 else None
+
+    after = wait_until(ended, timeout=60, what=lambda: f"the request to end\n{server.logs()}")
+    statuses = {
+        s.labels["status"]: s.value
+        for s in parse_samples(after)
+        if s.name == "llm_requests_total" and s.value != value(before, s.name, **s.labels)
+    }
+    assert delta(before, after, "llm_requests_total", status="cancelled") == 1, statuses
+    assert delta(before, after, "llm_requests_total", status="error") == 0, statuses
+
+
+def process_tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants, in bytes."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        with suppress(psutil.NoSuchProcess):  # a child that just exited
+            total += process.memory_info().rss
+    return total
+
+
+def model_info_series(text: str) -> int:
+    return sum(1 for s in parse_samples(text) if s.name == "llm_model_info")
+
+
+@pytest.mark.timeout(90)
+def test_a_model_unloaded_after_its_timeout_is_freed(tmp_path: Path) -> None:
+    # No forced model: each request names the model directory, the server loads it, and unloads it 2 s
+    # after the request arrived (TimedModel). Five cycles of load -> request -> unload must not grow the
+    # process: an instrumentation that kept a strong reference to an unloaded model would keep every copy.
+    # The MLPs make the model ~50 MB of weights, so a kept copy per cycle would show well beyond 10 % of
+    # the server's RSS; they cost almost nothing per token.
+    model_dir = write_serve_model(tmp_path / "model", hidden_size=128, intermediate_size=16384)
+    cycles = 5
+    with serve(tmp_path, model_dir, force_model=False, model_timeout=2, name="serve-timeout") as server:
+        client = server.client()
+
+        def loaded() -> bool:
+            # /v1/models lists a model loaded from a local path only while it is in memory.
+            status, body = http_get(f"http://127.0.0.1:{server.api_port}/v1/models", timeout=10)
+            assert status == 200, body
+            models = json.loads(body)["data"]
+            return any(m["id"] == server.model and m["status"]["value"] == "loaded" for m in models)
+
+        rss: list[int] = []
+        series: list[int] = []
+        for _ in range(cycles):
+            completion = stream_chat(client, server.model, "hello", max_tokens=8)
+            assert completion.completion_tokens > 0
+            series.append(model_info_series(server.metrics()))
+            wait_until(lambda: not loaded(), timeout=30, what=lambda: f"the model to unload\n{server.logs()}")
+            time.sleep(0.5)  # the unload ran gc.collect(); let finalizers the instrumentation registered run
+            series.append(model_info_series(server.metrics()))
+            rss.append(process_tree_rss(server.process.popen.pid))
+
+    mib = [round(r / 2**20, 1) for r in rss]
+    print(f"\nRSS after each unload (MiB): {mib}; llm_model_info series: {series}")
+    assert max(series) <= 1, f"llm_model_info series grew as models came and went: {series}"
+    assert abs(rss[-1] - rss[0]) <= 0.10 * rss[0], f"RSS after each cycle (MiB): {mib}"
