@@ -22,10 +22,12 @@ STAGES = (
     "forward_post",  # the forward post-hook (timing marks, KV-cache shapes)
     "generate_enter",  # starting a request in the generate wrapper
     "generate_exit",  # finishing a request (token counts, end-to-end latency)
+    "token_mark",  # the sampled-token mark (a stopping criterion added to generate)
     "track",  # the request-tracking API
     "resolve",  # turning device events into observations
     "sample",  # the background sampler (allocator memory, headroom, busy ratio)
     "nvml",  # NVML readings
+    "collect",  # forgetting a model that was garbage-collected
 )
 
 

@@ -4,7 +4,12 @@
   record a clock mark each, read input and KV-cache *shapes*, and attribute the pass to the request
   running in this thread (a context variable set by the generate wrapper or by ``track_request``).
 * ``generate``: replaced by an *instance* attribute wrapping the original (the class is never patched),
-  which opens a request at entry and closes it at exit. Exceptions from the model propagate unchanged.
+  which opens a request at entry and closes it at exit, and adds a stopping criterion that never stops
+  anything but records a clock mark each time the next tokens have been sampled: a token counts as
+  produced when the device has sampled it. Exceptions from the model propagate unchanged.
+
+What inferwatch keeps never keeps the model alive: the registry of handles is weak, the handle reaches the
+``generate`` wrapper only weakly, and when the model is collected its live series go with it.
 
 Everything inferwatch does in these paths is inside ``try/except`` and reported to
 ``llm_instrumentation_errors_total``; the model's own behaviour and outputs are untouched.
@@ -12,8 +17,8 @@ Everything inferwatch does in these paths is inside ``try/except`` and reported 
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import contextvars
 import functools
 import os
 import threading
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -38,28 +44,19 @@ from inferwatch.instrumentation.hardware import (
 from inferwatch.instrumentation.kvcache import KVCacheSize, measure, output_cache
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
-from inferwatch.instrumentation.request import LooseForward, Request, Step
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.request import CURRENT_REQUEST, LooseForward, Request, Step, failure_status
+from inferwatch.instrumentation.series import forget_series, series_for
+from inferwatch.instrumentation.tokens import prompt_and_generated, stops_without_eos
 from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
 from prometheus_client import CollectorRegistry
-
-#: The request running in this thread (or asyncio task): forward hooks attribute their pass to it.
-CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
-    "inferwatch_request", default=None
-)
 
 MAX_MODEL_LABEL_LENGTH = 128
 #: A request's KV cache is measured after its prefill, its first decode step and then every this many
 #: steps: the gauge trails the cache by fewer tokens than that.
 KV_MEASURE_INTERVAL = 8
-_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
+#: generate's positional parameters up to ``stopping_criteria`` (inputs, generation_config,
+#: logits_processor, stopping_criteria): a call that passes it positionally keeps its own list.
+_STOPPING_CRITERIA_POSITION = 3
 
 
 def default_model_name(model: torch.nn.Module) -> str:
@@ -113,42 +110,6 @@ def _kv_bytes(output: Any) -> int:
     return 0 if size is None else size.bytes
 
 
-def generated_lengths(generated: torch.Tensor, eos_ids: list[int], pad_id: int | None) -> torch.Tensor:
-    """Tokens each row really generated: up to and including its first EOS, without trailing padding.
-
-    Runs on the tensor's device (a few small kernels, no host read): finished rows of a batch are filled
-    with padding by generate, which is not generated text."""
-    batch, length = generated.shape
-    lengths = torch.full((batch,), length, dtype=torch.long, device=generated.device)
-    if length == 0:
-        return lengths
-    if eos_ids:
-        is_eos = generated == eos_ids[0]
-        for eos in eos_ids[1:]:
-            is_eos |= generated == eos
-        before_eos = (is_eos.cumsum(dim=1) == 0).sum(dim=1)
-        lengths = before_eos + is_eos.any(dim=1)
-    if pad_id is not None and pad_id not in eos_ids:
-        trailing_pad = ((generated != pad_id).flip(1).cumsum(dim=1) == 0).sum(dim=1)
-        lengths = torch.minimum(lengths, length - trailing_pad)
-    return lengths
-
-
-def _stops_without_eos(kwargs: dict) -> bool:
-    """Whether this generate call can end a row other than by EOS or the length limit."""
-    return bool(kwargs.get("stop_strings") or kwargs.get("stopping_criteria"))
-
-
-def _token_ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()] if value.device.type == "cpu" else []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where a model runs and what its weights weigh: everything that changes when it is moved."""
@@ -198,9 +159,12 @@ class ModelInstrumentation:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._generate_wrapper: Any = None
-        self._previous_generate: Any = None  # an instance attribute `generate` that was there before us
+        # Weak: the wrapper lives on the model and holds the original generate (bound to the model); a
+        # strong reference from here would keep every instrumented model alive.
+        self._generate_wrapper: weakref.ref | None = None
         self._poller_keys: list[tuple] = []
+        self._devices: set[str] = set()  # every device label the model's series were written under
+        self._marks_sampled_tokens = _is_transformers_generator(model)
 
     # -- installation ----------------------------------------------------------------------------------
 
@@ -214,9 +178,13 @@ class ModelInstrumentation:
             model.register_forward_pre_hook(pre, with_kwargs=True),
             model.register_forward_hook(post, with_kwargs=True),
         ]
-        self._previous_generate = model.__dict__.get("generate")
-        self._generate_wrapper = self._wrap_generate(model.generate)
-        model.generate = self._generate_wrapper
+        wrapper = self._wrap_generate(model.generate)
+        wrapper._inferwatch_previous = model.__dict__.get("generate")  # an instance attribute before ours
+        self._generate_wrapper = weakref.ref(wrapper)
+        model.generate = wrapper
+        self.metrics.live_models[self.name] = self.metrics.live_models.get(self.name, 0) + 1
+        weakref.finalize(model, _GONE.append, self).atexit = False
+        _watch_registry(self.metrics)
         self._publish()
         self.active = True
 
@@ -227,6 +195,7 @@ class ModelInstrumentation:
 
     def _publish(self) -> None:
         """Model info and background pollers for the current placement."""
+        self._devices.add(self.placement.label)
         self.metrics[cat.MODEL_INFO].labels(*self._info_labels()).set(1)
         try:
             self._start_pollers()
@@ -294,14 +263,31 @@ class ModelInstrumentation:
                 handle.remove()
             self._hook_handles = []
             model = self.model_ref()
-            if model is not None and model.__dict__.get("generate") is self._generate_wrapper:
-                if self._previous_generate is not None:
-                    model.generate = self._previous_generate
+            wrapper = self._generate_wrapper() if self._generate_wrapper is not None else None
+            if model is not None and wrapper is not None and model.__dict__.get("generate") is wrapper:
+                if wrapper._inferwatch_previous is not None:
+                    model.generate = wrapper._inferwatch_previous
                 else:
                     del model.generate
             # If someone wrapped generate on top of ours, ours stays in their chain as a pass-through
             # (self.active is False).
             self._retire()
+
+    def forget(self) -> None:
+        """The model was garbage-collected: stop its pollers, and drop its live series once no model of
+        its name is left on the registry."""
+        try:
+            self.remove()
+            metrics, name = self.metrics, self.name
+            with _instrumented_lock:
+                left = metrics.live_models.get(name, 1) - 1
+                if left > 0:
+                    metrics.live_models[name] = left
+                    return
+                metrics.live_models.pop(name, None)
+                forget_series(metrics, name, sorted(self._devices))
+        except Exception as exc:  # runs from the garbage collector: nothing may escape
+            self.errors.report("collect", exc)
 
     # -- forward hooks ---------------------------------------------------------------------------------
 
@@ -348,7 +334,10 @@ class ModelInstrumentation:
                 work = placement.footprint.decode_read_bytes + kv_bytes  # weights and the whole cache
             else:
                 work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
-            tokens = 1 if request is not None and request.owner is self else 0
+            # With sampled-token marks the criterion counts the tokens; else the forward's end does.
+            tokens = 1 if request is not None and request.owner is self and not request.marks_sampling else 0
+            if request is not None and request.forwards == 0 and phase == "prefill":
+                request.prompt_shape = (batch, new_tokens)
             if request is not None:
                 request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
@@ -356,7 +345,18 @@ class ModelInstrumentation:
             # waits for it too) instead of widening the gap to whoever reads the clock next.
             end_host = time.perf_counter()
             end = clock.mark()
-            step = Step(series, placement.label, phase, start, end, tokens, work, start_host, end_host, batch)
+            step = Step(
+                series=series,
+                device=placement.label,
+                phase=phase,
+                start=start,
+                end=end,
+                tokens=tokens,
+                work=work,
+                start_host=start_host,
+                end_host=end_host,
+                batch=batch,
+            )
             if request is None:
                 loose = LooseForward(clock, step)
                 if not loose.complete():
@@ -380,9 +380,10 @@ class ModelInstrumentation:
             request = self._begin(entry)
             if request is None:
                 return original(*args, **kwargs)
+            call_kwargs = self._with_token_marks(request, args, kwargs)
             token = CURRENT_REQUEST.set(request)
             try:
-                output = original(*args, **kwargs)
+                output = original(*args, **call_kwargs)
             except BaseException as exc:
                 CURRENT_REQUEST.reset(token)
                 self._fail(request, exc)
@@ -396,18 +397,38 @@ class ModelInstrumentation:
     def _begin(self, entry: float) -> Request | None:
         try:
             self.follow()
-            return Request(self.series, self.placement.clock, owner=self, entry=entry)
+            arrival = ARRIVAL.get()
+            arrived = None if arrival is None else arrival.claim()
+            return Request(self.series, self.placement.clock, owner=self, entry=entry, arrival=arrived)
         except Exception as exc:
             self.errors.report("generate_enter", exc)
             return None
 
+    def _with_token_marks(self, request: Request, args: tuple, kwargs: dict) -> dict:
+        """generate's keyword arguments with :class:`SampledTokenMarks` added to the caller's stopping
+        criteria (the caller's own list is never modified); the caller's as they are where it cannot be
+        added."""
+        if not self._marks_sampled_tokens or len(args) > _STOPPING_CRITERIA_POSITION:
+            return kwargs
+        try:
+            from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+            criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+            criteria.append(SampledTokenMarks(self, request))
+            request.marks_sampling = True
+            return {**kwargs, "stopping_criteria": criteria}
+        except Exception as exc:
+            self.errors.report("generate_enter", exc)
+            return kwargs
+
     def _fail(self, request: Request, exc: BaseException) -> None:
         try:
-            oom = is_oom(exc)
-            if oom:
+            status = failure_status(exc)
+            if status == "oom":
                 self.series.oom_events.inc()
-            request.finish("oom" if oom else "error")
-            request.complete()
+            request.finish(status)
+            if not request.complete():
+                SAMPLER.defer(request, self.errors)
         except Exception as error:
             self.errors.report("generate_exit", error)
 
@@ -427,33 +448,58 @@ class ModelInstrumentation:
     def _token_counts(self, args: tuple, kwargs: dict, output: Any) -> Fetched | None:
         """(prompt tokens, generated tokens) of a finished generate, computed on the output's device and
         copied to the host asynchronously (see docs/timing.md, "Token counts")."""
-        sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
-        if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
-            return None
-        prompt = kwargs.get("input_ids", kwargs.get("inputs"))
-        if prompt is None and args:
-            prompt = args[0]
-        has_ids = isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and not prompt.is_floating_point()
-        prompt_length = prompt.shape[1] if has_ids else 0
         generation_config = kwargs.get("generation_config")
         if generation_config is None:
-            model = self.model_ref()
-            generation_config = getattr(model, "generation_config", None)
-        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
-        pad = kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None))
-        pad_ids = _token_ids(pad)
-        # Rows end at EOS or at the length limit, and EOS already bounds them. Only a stopping criterion
-        # other than EOS (stop strings, a caller's own) ends a row without one and pads it; elsewhere a
-        # trailing pad id is a token the model really generated and must be counted.
-        trailing_pad = pad_ids[0] if pad_ids and _stops_without_eos(kwargs) else None
-        lengths = generated_lengths(sequences[:, prompt_length:], _token_ids(eos), trailing_pad)
-        mask = kwargs.get("attention_mask")
-        if isinstance(mask, torch.Tensor) and mask.device == sequences.device:
-            prompt_tokens = mask.sum(dtype=torch.long)
-        else:
-            batch = prompt.shape[0] if has_ids else sequences.shape[0]
-            prompt_tokens = torch.full((), batch * prompt_length, dtype=torch.long, device=sequences.device)
-        return self.placement.clock.fetch(torch.stack([prompt_tokens, lengths.sum()]))
+            generation_config = getattr(self.model_ref(), "generation_config", None)
+        counts = prompt_and_generated(args, kwargs, output, generation_config, stops_without_eos(kwargs))
+        return None if counts is None else self.placement.clock.fetch(counts)
+
+
+def _is_transformers_generator(model: torch.nn.Module) -> bool:
+    """Whether ``generate`` is transformers' (which takes ``stopping_criteria``)."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return False
+    return isinstance(model, GenerationMixin)
+
+
+class SampledTokenMarks:
+    """A stopping criterion that never stops a row: generate calls it each time it has sampled the next
+    tokens, and it records a clock mark there, so TTFT and token times end at the sampled token (after
+    logits processing and sampling), not at the end of the forward. It holds the request, never the
+    model."""
+
+    def __init__(self, instrumentation: ModelInstrumentation, request: Request) -> None:
+        self._instrumentation = instrumentation
+        self._request = request
+        self._never: torch.Tensor | None = None  # the all-False answer, made once per generate
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        never = self._never
+        if never is None or never.shape[0] != input_ids.shape[0]:
+            never = self._never = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        try:
+            request = self._request
+            placement = self._instrumentation.placement
+            end_host = time.perf_counter()  # read before the mark: no mark completes before this
+            end = placement.clock.mark()
+            request.add(
+                Step(
+                    series=request.series,
+                    device=placement.label,
+                    phase=None,
+                    start=None,
+                    end=end,
+                    tokens=1,
+                    work=0.0,
+                    start_host=None,
+                    end_host=end_host,
+                )
+            )
+        except Exception as exc:
+            self._instrumentation.errors.report("token_mark", exc)
+        return never
 
 
 class InstrumentationHandle:
@@ -475,6 +521,11 @@ class InstrumentationHandle:
         """Where the model ran at its last generate (instrumentation follows ``model.to(...)``)."""
         return self._instrumentation.placement.device
 
+    def count_waiting(self, arrival: Arrival) -> None:
+        """Count a server request that will run on this model in ``llm_requests_waiting`` from now until
+        its generate starts (servers that queue requests before calling generate)."""
+        arrival.wait_on(self._instrumentation.series.waiting)
+
     def remove(self) -> None:
         """Remove every hook and wrapper from the model; idempotent. Metrics already recorded stay."""
         with _instrumented_lock:
@@ -493,6 +544,30 @@ class InstrumentationHandle:
         return f"<InstrumentationHandle model={self.model_name!r} device={self.device} {state}>"
 
 
+#: Instrumentations whose model was collected. The finalizer only appends here: it runs inside the garbage
+#: collector, in whatever thread allocated, possibly while that thread holds one of inferwatch's locks;
+#: the series are dropped at the next scrape or instrument() instead.
+_GONE: collections.deque[ModelInstrumentation] = collections.deque()
+
+
+def forget_collected_models() -> None:
+    """Drop the live series and pollers of instrumented models that were garbage-collected."""
+    while True:
+        try:
+            instrumentation = _GONE.popleft()
+        except IndexError:
+            return
+        instrumentation.forget()
+
+
+def _watch_registry(metrics: cat.Metrics) -> None:
+    """Have every scrape of the registry forget collected models first."""
+    with _watch_lock:
+        if forget_collected_models not in metrics.before_scrape:
+            metrics.before_scrape.append(forget_collected_models)
+
+
+_watch_lock = threading.Lock()
 _instrumented: weakref.WeakKeyDictionary[torch.nn.Module, InstrumentationHandle] = weakref.WeakKeyDictionary()
 _instrumented_lock = threading.Lock()
 
@@ -512,6 +587,7 @@ def instrument(
     object that is not a causal LM and ``ValueError`` for a bad configuration.
     """
     _check_model(model)
+    forget_collected_models()
     if config is None:
         config = InstrumentConfig()
     elif not isinstance(config, InstrumentConfig):

@@ -10,10 +10,13 @@ sampler if the request was handed over (:meth:`Request.complete` returned False)
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextvars
 import time
 from typing import Any
 
+import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from inferwatch.instrumentation.series import ModelSeries
@@ -24,6 +27,36 @@ RESOLVE_DEADLINE_SECONDS = 120.0
 # from the CPU caches, so resolving one step per forward pays the cold start every time
 # (docs/benchmarks.md, hook_cost.py). Observations appear at most this many steps late.
 DRAIN_BATCH = 8
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+#: What serving stacks raise inside generate when the client went away: transformers serve's streamer
+#: (``_GenerationCancelled``, by name: it is private) and the generic ways a task or generator is stopped.
+_CANCELLATION_TYPES = (GeneratorExit, asyncio.CancelledError)
+_CANCELLATION_NAMES = frozenset({"_GenerationCancelled", "GenerationCancelled"})
+
+
+#: The request running in this thread (or asyncio task): forward hooks attribute their pass to it.
+CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "inferwatch_request", default=None
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """The request was abandoned by its client, not failed by the model."""
+    return isinstance(exc, _CANCELLATION_TYPES) or type(exc).__name__ in _CANCELLATION_NAMES
+
+
+def failure_status(exc: BaseException) -> str:
+    """The ``status`` label of a request that ended with ``exc``."""
+    if is_cancellation(exc):
+        return "cancelled"
+    return "oom" if is_oom(exc) else "error"
 
 
 class Step:
@@ -44,6 +77,7 @@ class Step:
 
     def __init__(
         self,
+        *,
         series: ModelSeries,
         device: str,
         phase: str | None,
@@ -87,14 +121,21 @@ class Request:
         owner: object = None,
         prompt_tokens: int = 0,
         entry: float | None = None,
+        arrival: float | None = None,
     ) -> None:
         self.series = series
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
         self.clock = clock
         self.anchor = clock.start()
-        # TTFT and E2E start when the caller entered (perf_counter at the wrapper's first line), not when
-        # the anchor was recorded after inferwatch's own set-up.
-        self.entry = self.anchor.host if entry is None else entry
+        # TTFT and E2E start when the request arrived at the server, where that is known (arrival.py);
+        # else when the caller entered (perf_counter at the wrapper's first line), not when the anchor was
+        # recorded after inferwatch's own set-up.
+        self.arrival = arrival
+        self.entry = (self.anchor.host if entry is None else entry) if arrival is None else arrival
+        #: Token times come from marks recorded after sampling (hooks.SampledTokenMarks), not forward ends.
+        self.marks_sampling = False
+        #: (sequences, tokens) of the first forward: the prompt of a request that ends without output.
+        self.prompt_shape: tuple[int, int] | None = None
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards recorded so far (the first is the prefill)
@@ -195,6 +236,8 @@ class Request:
                 self._first_forward_start = (
                     device_start if host_start is None else max(host_start, device_start)
                 )
+                if self.arrival is not None:
+                    self.series.queue.observe(max(0.0, self._first_forward_start - self.arrival))
             clock.release(step.start)
         if step.tokens:
             # The request's own state first: an observation that fails costs only itself.
@@ -236,7 +279,7 @@ class Request:
 
     def complete(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet."""
-        if self._status != "ok":
+        if self._status not in ("ok", "cancelled"):
             # A failed request: keep what already resolved, drop marks that may never be reached.
             self.drain()
             self._pending.clear()
@@ -244,7 +287,9 @@ class Request:
         if not self.drain() or (self._counts is not None and not self._counts.ready()):
             return False
         series = self.series
-        if self._token_steps >= 2:
+        if self._status != "ok":
+            pass  # a cancelled request's decode is cut short: no per-request latency observations
+        elif self._token_steps >= 2:
             decode = self._last_token - self._first_token
             series.decode.observe(decode)
             series.tpot.observe(decode / (self._token_steps - 1))
@@ -254,6 +299,10 @@ class Request:
         self.clock.release(self.anchor)
         if self._counts is not None:
             prompt, generated = self._counts.value()
+        elif self._status == "cancelled" and self.owner is not None:
+            # No output to count: the prompt as the first forward saw it, and the tokens sampled so far.
+            batch, prompt_length = self.prompt_shape or (0, 0)
+            prompt, generated = batch * prompt_length, batch * self._token_steps
         elif self.owner is None:  # a tracked request counts its own tokens
             prompt, generated = self._prompt_tokens, self._generation_tokens
         else:  # a generate whose output could not be counted (an error already reported)

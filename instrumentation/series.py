@@ -7,6 +7,8 @@ serves the model, so they are kept under a lock; the background sampler turns th
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from prometheus_client import Gauge
 
-STATUSES = ("ok", "error", "oom")
+STATUSES = ("ok", "error", "oom", "cancelled")
 #: The heartbeat answers "has the engine stalled for seconds?"; writing the gauge on every forward cost
 #: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
 HEARTBEAT_RESOLUTION_SECONDS = 0.1
@@ -60,6 +62,7 @@ class ModelSeries:
         self.e2e = bind(cat.E2E)
         self.prefill = bind(cat.PREFILL)
         self.decode = bind(cat.DECODE)
+        self.queue = bind(cat.QUEUE)
         self.forward = {phase: bind(cat.FORWARD, phase) for phase in PHASES}
         self.prompt_tokens_hist = bind(cat.PROMPT_TOKENS_HIST)
         self.generation_tokens_hist = bind(cat.GENERATION_TOKENS_HIST)
@@ -69,6 +72,7 @@ class ModelSeries:
         self.generation_tokens = bind(cat.GENERATION_TOKENS)
         self.oom_events = bind(cat.OOM_EVENTS)
         self.running = bind(cat.REQUESTS_RUNNING)
+        self.waiting = bind(cat.REQUESTS_WAITING)
         self.kv_bytes = bind(cat.KV_CACHE_BYTES)
         self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
         # Gauges without a meaningful zero get their series on the first real value, so a model that has
@@ -133,6 +137,21 @@ class ModelSeries:
             return self._totals.windows.pop(device, None) or Window()
 
 
+#: Gauges that describe a model while it exists, by the labels after ``model``: removed with the model.
+_LIVE_GAUGES: tuple[tuple[cat.MetricSpec, bool], ...] = (
+    # (family, labelled by device too)
+    (cat.REQUESTS_RUNNING, False),
+    (cat.REQUESTS_WAITING, False),
+    (cat.KV_CACHE_BYTES, False),
+    (cat.KV_CACHE_CAPACITY_TOKENS, False),
+    (cat.KV_CACHE_BYTES_PER_TOKEN, False),
+    (cat.KV_CACHE_HEADROOM_TOKENS, False),
+    (cat.LAST_STEP, False),
+    (cat.GPU_BUSY, True),
+    (cat.DECODE_BANDWIDTH, True),
+    (cat.PREFILL_FLOPS, True),
+)
+
 _series_lock = threading.Lock()
 
 
@@ -145,3 +164,21 @@ def series_for(metrics: Metrics, name: str) -> ModelSeries:
             if series is None:
                 series = metrics.model_series[name] = ModelSeries(metrics, name)
     return series
+
+
+def forget_series(metrics: Metrics, name: str, devices: list[str]) -> None:
+    """Remove the live gauges of model ``name`` (on ``devices`` for per-device ones) once no instrumented
+    model of that name is left: a model that is gone must not keep claiming running requests, cache bytes
+    or a heartbeat. Counters and histograms stay, as Prometheus expects. The next model of that name gets
+    fresh series. In multiprocess mode series cannot be removed; they are set to 0."""
+    with _series_lock:
+        metrics.model_series.pop(name, None)
+    multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    for spec, per_device in _LIVE_GAUGES:
+        family = metrics[spec]
+        for labels in [(name, device) for device in devices] if per_device else [(name,)]:
+            if multiprocess:
+                family.labels(*labels).set(0)
+            else:
+                with contextlib.suppress(KeyError):
+                    family.remove(*labels)

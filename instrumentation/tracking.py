@@ -19,12 +19,12 @@ import time
 from types import TracebackType
 
 import torch
+from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import device_label
-from inferwatch.instrumentation.hooks import CURRENT_REQUEST, is_oom
-from inferwatch.instrumentation.request import Request, Step
+from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, Step, failure_status
 from inferwatch.instrumentation.series import STATUSES, series_for
 from inferwatch.instrumentation.worker import SAMPLER
 from prometheus_client import CollectorRegistry
@@ -40,6 +40,7 @@ class RequestTracker:
         device: torch.device | str | None,
         registry: CollectorRegistry | None,
         config: InstrumentConfig | None,
+        arrival: float | None = None,
     ) -> None:
         if not isinstance(model_name, str) or not model_name.strip():
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
@@ -51,13 +52,20 @@ class RequestTracker:
         self._clock = clock_for(device)
         self._device_label = device_label(self._clock.device)
         self._prompt_tokens = prompt_tokens
+        self._arrival = arrival
         self._request: Request | None = None
         self._context_token = None
         self._finished = False
 
     def __enter__(self) -> RequestTracker:
         try:
-            self._request = Request(self._series, self._clock, prompt_tokens=self._prompt_tokens)
+            arrival, open_arrival = self._arrival, ARRIVAL.get()
+            if open_arrival is not None:
+                claimed = open_arrival.claim()
+                arrival = claimed if arrival is None else arrival
+            self._request = Request(
+                self._series, self._clock, prompt_tokens=self._prompt_tokens, arrival=arrival
+            )
             self._context_token = CURRENT_REQUEST.set(self._request)
         except Exception as exc:
             self._errors.report("track", exc)
@@ -75,13 +83,26 @@ class RequestTracker:
             request.count_tokens(k)
             end_host = time.perf_counter()  # read before the mark: no mark completes before this
             end = self._clock.mark()
-            request.add(Step(self._series, self._device_label, None, None, end, k, 0.0, None, end_host))
+            request.add(
+                Step(
+                    series=self._series,
+                    device=self._device_label,
+                    phase=None,
+                    start=None,
+                    end=end,
+                    tokens=k,
+                    work=0.0,
+                    start_host=None,
+                    end_host=end_host,
+                )
+            )
             request.drain_batch()
         except Exception as exc:
             self._errors.report("track", exc)
 
     def finish(self, status: str = "ok") -> None:
-        """End the request now with ``status`` (ok, error, oom); leaving the block does it otherwise."""
+        """End the request now with ``status`` (ok, error, oom, cancelled); leaving the block does it
+        otherwise."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
         request = self._request
@@ -109,7 +130,7 @@ class RequestTracker:
         if exc is None:
             self.finish("ok")
         else:
-            self.finish("oom" if is_oom(exc) else "error")
+            self.finish(failure_status(exc))
 
 
 def track_request(
@@ -119,10 +140,14 @@ def track_request(
     device: torch.device | str | None = None,
     registry: CollectorRegistry | None = None,
     config: InstrumentConfig | None = None,
+    arrival: float | None = None,
 ) -> RequestTracker:
     """Track one request of a hand-written decode loop; see the module documentation.
 
+    ``arrival``: ``time.perf_counter()`` when the request reached the server (default: the arrival
+    opened by the middleware or :func:`~inferwatch.instrumentation.arrival.request_arrival`, if any);
+    TTFT and end-to-end latency are then measured from it and its queue time observed.
     ``device``: where the tokens are computed (``"cuda:0"``: token times from CUDA events; None or
     ``"cpu"``: host clock). ``registry``/``config`` as for :func:`~inferwatch.instrumentation.instrument`.
     """
-    return RequestTracker(model_name, prompt_tokens, device, registry, config)
+    return RequestTracker(model_name, prompt_tokens, device, registry, config, arrival)

@@ -74,7 +74,18 @@ def run_request(registry: CollectorRegistry, forwards: list[tuple[float, float, 
     request = Request(series, SimulatedDeviceClock(anchor_host=5 * US), owner=object(), entry=0.0)
     for index, (start_host, started, end_host, ended) in enumerate(forwards):
         phase = "prefill" if index == 0 else "decode"
-        step = Step(series, "cuda:0", phase, Mark(started), Mark(ended), 1, 0.0, start_host, end_host, 1)
+        step = Step(
+            series=series,
+            device="cuda:0",
+            phase=phase,
+            start=Mark(started),
+            end=Mark(ended),
+            tokens=1,
+            work=0.0,
+            start_host=start_host,
+            end_host=end_host,
+            batch=1,
+        )
         request.add(step)
         request.drain_batch()
     request.finish("ok")

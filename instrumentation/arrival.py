@@ -1,0 +1,142 @@
+"""When a request reached the server: the start of the time its user waits.
+
+A server knows a request's arrival long before ``generate`` runs: it may wait in a queue (``transformers
+serve`` runs one ``generate`` at a time per model), behind a lock, or for a worker thread. The serving
+code (or inferwatch's middleware, or the launcher's hook into ``transformers serve``) opens an
+:class:`Arrival` in a context variable; the first ``generate`` (or tracked request) of that context claims
+it, so its TTFT and end-to-end latency are measured from the arrival (the server-side definition, as
+OpenTelemetry's ``gen_ai.server.time_to_first_token``) and its queue time is observed.
+
+Context variables follow asyncio tasks and ``asyncio.to_thread``/anyio worker threads by themselves; a
+``threading.Thread`` or an executor job started while an arrival is open gets it through
+:func:`propagate_to_threads`. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+
+class _WaitingGauge(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+class Arrival:
+    """One request as the server received it. Thread-safe: it is opened in the server's thread or task and
+    claimed in whichever thread runs ``generate``."""
+
+    __slots__ = ("_claimed", "_closed", "_lock", "_waiting", "time")
+
+    def __init__(self, at: float | None = None) -> None:
+        #: ``time.perf_counter()`` when the request arrived.
+        self.time = time.perf_counter() if at is None else at
+        self._lock = threading.Lock()
+        self._waiting: _WaitingGauge | None = None
+        self._claimed = False
+        self._closed = False
+
+    def wait_on(self, waiting: _WaitingGauge) -> None:
+        """Count the request in a model's ``llm_requests_waiting`` until it is claimed or closed (once)."""
+        with self._lock:
+            if self._waiting is None and not self._claimed and not self._closed:
+                waiting.inc()
+                self._waiting = waiting
+
+    def claim(self) -> float | None:
+        """The arrival time for the first request that runs for it (no longer waiting); None after that:
+        a second ``generate`` for the same server request is timed from its own entry."""
+        with self._lock:
+            if self._claimed:
+                return None
+            self._claimed = True
+            self._stop_waiting()
+            return self.time
+
+    def close(self) -> None:
+        """The server is done with the request (answered, failed or abandoned before it ran)."""
+        with self._lock:
+            self._closed = True
+            self._stop_waiting()
+
+    def _stop_waiting(self) -> None:
+        if self._waiting is not None:
+            self._waiting.dec()
+            self._waiting = None
+
+
+#: The arrival of the server request being handled in this context.
+ARRIVAL: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar("inferwatch_arrival", default=None)
+
+
+@contextlib.contextmanager
+def request_arrival(at: float | None = None) -> Iterator[Arrival]:
+    """Open an arrival for the code inside the block: a server request that came in at ``at``
+    (``time.perf_counter()``; default now). ``generate`` calls and tracked requests inside it are timed
+    from the arrival, and their queue time is observed::
+
+        arrived = time.perf_counter()          # as the request comes in
+        ...                                    # queue, lock, tokenization
+        with request_arrival(arrived):
+            model.generate(...)
+    """
+    arrival = Arrival(at)
+    token = ARRIVAL.set(arrival)
+    try:
+        yield arrival
+    finally:
+        arrival.close()
+        ARRIVAL.reset(token)
+
+
+_propagation_lock = threading.Lock()
+_propagating = False
+
+
+def propagate_to_threads() -> None:
+    """Carry an open arrival into threads started (``threading.Thread.start``) and executor jobs submitted
+    (``ThreadPoolExecutor.submit``) while it is open, as a serving handler does to run ``generate`` with a
+    ``TextIteratorStreamer``. Installed once; threads and jobs started outside an arrival are untouched."""
+    global _propagating
+    with _propagation_lock:
+        if _propagating:
+            return
+        _propagating = True
+        threading.Thread.start = _carrying_start(threading.Thread.start)  # type: ignore[method-assign]
+        executor = concurrent.futures.ThreadPoolExecutor
+        executor.submit = _carrying_submit(executor.submit)  # type: ignore[method-assign]
+
+
+def _carrying_start(start: Any) -> Any:
+    @functools.wraps(start)
+    def wrapper(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+        arrival = ARRIVAL.get()
+        if arrival is not None:
+            run = self.run
+
+            def run_with_arrival() -> None:
+                ARRIVAL.set(arrival)
+                run()
+
+            self.run = run_with_arrival  # type: ignore[method-assign]
+        return start(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _carrying_submit(submit: Any) -> Any:
+    @functools.wraps(submit)
+    def wrapper(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if ARRIVAL.get() is not None:
+            fn = functools.partial(contextvars.copy_context().run, fn)
+        return submit(self, fn, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,160 @@
+"""What a serving process needs beyond one generate call: models that can be freed, cancelled requests,
+and requests timed from their arrival at the server (queue time, waiting requests)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+import pytest
+import torch
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.arrival import propagate_to_threads, request_arrival
+from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.tracking import track_request
+from transformers import StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from tests.unit.instrumentation.conftest import batch_of, metric, scrape
+
+LIVE_FAMILIES = ("llm_model_info", "llm_requests_running", "llm_requests_waiting", "llm_kv_cache_bytes")
+
+
+class _GenerationCancelled(Exception):
+    """Stands for transformers serve's private exception: raised from the streamer when the client left."""
+
+
+class CancellingStreamer(BaseStreamer):
+    """Raises the cancellation exception at the ``after``-th generated token, as a disconnect does."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.puts = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts > self.after:  # the first put is the prompt
+            raise _GenerationCancelled()
+
+    def end(self) -> None:
+        pass
+
+
+def _generate(model: torch.nn.Module, new_tokens: int = 4, **kwargs) -> torch.Tensor:
+    ids, mask = batch_of("hello")
+    return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **kwargs)
+
+
+def test_an_instrumented_model_is_freed_and_its_live_series_go_with_it(registry) -> None:
+    refs = []
+    for seed in range(3):
+        model = build_model("tiny-llama", seed=seed)
+        handle = instrument(model, model_name="m", registry=registry)
+        _generate(model)
+        assert handle.flush()
+        assert metric(registry, "llm_requests_total", model="m", status="ok") == seed + 1
+        assert 'llm_model_info{device="cpu"' in scrape(registry)
+        refs.append(weakref.ref(model))
+        del model, handle
+        gc.collect()
+        assert refs[-1]() is None, "inferwatch kept the model alive"
+        text = scrape(registry)
+        for family in LIVE_FAMILIES:
+            assert f'{family}{{model="m"' not in text, family
+    # Counters and histograms stay, and kept counting across the three models.
+    assert metric(registry, "llm_requests_total", model="m", status="ok") == 3
+    assert metric(registry, "llm_time_to_first_token_seconds_count", model="m") == 3
+
+
+def test_live_series_stay_while_another_model_of_the_name_lives(registry) -> None:
+    first, second = build_model("tiny-llama", seed=0), build_model("tiny-llama", seed=1)
+    instrument(first, model_name="m", registry=registry)
+    instrument(second, model_name="m", registry=registry)
+    del first
+    gc.collect()
+    assert 'llm_requests_running{model="m"} 0.0' in scrape(registry)
+    _generate(second)
+    assert metric(registry, "llm_requests_total", model="m", status="ok") == 1
+
+
+def test_a_cancelled_generate_is_cancelled_not_an_error_and_its_tokens_count(model, registry, instrumented):
+    handle = instrumented(model, model_name="m")
+    with pytest.raises(_GenerationCancelled):
+        _generate(model, new_tokens=10, streamer=CancellingStreamer(after=3))
+    assert handle.flush()
+    assert metric(registry, "llm_requests_total", model="m", status="cancelled") == 1
+    assert metric(registry, "llm_requests_total", model="m", status="error") == 0
+    assert metric(registry, "llm_prompt_tokens_total", model="m") == batch_of("hello")[1].sum()
+    # Tokens 1..3 were streamed; the 4th was sampled before the streamer refused it.
+    assert metric(registry, "llm_generation_tokens_total", model="m") in (3, 4)
+    assert metric(registry, "llm_time_to_first_token_seconds_count", model="m") == 1
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m") == 0
+
+
+def test_keyboard_interrupt_stays_an_error(model, registry, instrumented) -> None:
+    class Interrupting(CancellingStreamer):
+        def put(self, value: torch.Tensor) -> None:
+            raise KeyboardInterrupt
+
+    handle = instrumented(model, model_name="m")
+    with pytest.raises(KeyboardInterrupt):
+        _generate(model, streamer=Interrupting(after=0))
+    assert handle.flush()
+    assert metric(registry, "llm_requests_total", model="m", status="error") == 1
+    assert metric(registry, "llm_requests_total", model="m", status="cancelled") == 0
+
+
+def test_ttft_and_e2e_start_at_the_arrival_and_the_queue_time_is_observed(model, registry, instrumented):
+    handle = instrumented(model, model_name="m")
+    with request_arrival(time.perf_counter() - 0.5) as arrival:
+        handle.count_waiting(arrival)
+        assert metric(registry, "llm_requests_waiting", model="m") == 1
+        _generate(model)
+        assert metric(registry, "llm_requests_waiting", model="m") == 0
+        _generate(model)  # a second generate for the same server request: timed from its own entry
+    assert handle.flush()
+    assert metric(registry, "llm_request_queue_seconds_count", model="m") == 1
+    assert metric(registry, "llm_request_queue_seconds_sum", model="m") >= 0.5
+    ttft_sum = metric(registry, "llm_time_to_first_token_seconds_sum", model="m")
+    e2e_sum = metric(registry, "llm_e2e_request_latency_seconds_sum", model="m")
+    assert 0.5 <= ttft_sum < 1.0 + 5.0  # one request from the arrival, one from its own entry
+    assert e2e_sum >= 0.5
+
+
+def test_an_arrival_closed_before_its_request_ran_stops_waiting(model, registry, instrumented) -> None:
+    handle = instrumented(model, model_name="m")
+    with request_arrival() as arrival:
+        handle.count_waiting(arrival)
+    assert metric(registry, "llm_requests_waiting", model="m") == 0
+
+
+def test_the_arrival_follows_generate_into_a_worker_thread(model, registry, instrumented) -> None:
+    """The TextIteratorStreamer pattern: the handler starts generate in a thread of its own."""
+    handle = instrumented(model, model_name="m")
+    propagate_to_threads()
+    with request_arrival(time.perf_counter() - 0.5):
+        worker = threading.Thread(target=_generate, args=(model,))
+        worker.start()
+        worker.join()
+    assert handle.flush()
+    assert metric(registry, "llm_request_queue_seconds_count", model="m") == 1
+    assert metric(registry, "llm_time_to_first_token_seconds_sum", model="m") >= 0.5
+
+
+def test_a_tracked_request_takes_an_explicit_arrival(registry) -> None:
+    with track_request("loop", registry=registry, arrival=time.perf_counter() - 0.25) as req:
+        req.token()
+    assert metric(registry, "llm_time_to_first_token_seconds_sum", model="loop") >= 0.25
+
+
+def test_token_marks_leave_the_callers_stopping_criteria_and_outputs_alone(model, registry, instrumented):
+    criteria = StoppingCriteriaList()
+    bare = _generate(model, new_tokens=5, stopping_criteria=criteria)
+    handle = instrumented(model, model_name="m")
+    marked = _generate(model, new_tokens=5, stopping_criteria=criteria)
+    assert handle.flush()
+    assert torch.equal(bare, marked)
+    assert len(criteria) == 0
+    assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == 4
