@@ -91,7 +91,8 @@ def _itl_budget_burn(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchRequestErrors")
 def _request_errors(p: Params) -> list[AlertRule]:
-    failed = p.serving(names.LLM_REQUESTS_TOTAL, 'status!="ok"')
+    # A request the client abandoned (status="cancelled": a chat UI's stop button) is no failure.
+    failed = p.serving(names.LLM_REQUESTS_TOTAL, 'status=~"error|oom"')
     everything = p.serving(names.LLM_REQUESTS_TOTAL)
     window = p["window"]
     ratio = textwrap.indent(ratio_of_rates(failed, everything, window), "  ")
