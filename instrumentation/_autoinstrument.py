@@ -10,6 +10,12 @@ then wraps two methods of ``PreTrainedModel``, whose roles are the same in trans
 * ``from_pretrained``, which builds the model (``post_init`` included) on the meta device, loads the
   weights and may install a custom ``generate`` from the checkpoint: models are taken when it returns.
 
+``transformers serve`` (the ``serving`` extra) is hooked too, when its modules load: its FastAPI app gets
+:class:`~inferwatch.instrumentation.middleware.ArrivalMiddleware` (each HTTP request is an arrival), a
+request handed to a model's generate manager is instrumented at once and counted in
+``llm_requests_waiting``, and the job it queues for the single inference thread carries the request's
+context there, so ``generate`` is timed from the arrival.
+
 A model is not instrumented there but at its first ``generate`` call, through a stand-in ``generate``
 on the instance (:class:`InstrumentOnFirstGenerate`): by then the model is on the device and in the
 dtype it serves with, a checkpoint's custom ``generate`` is in place, and a model that is only built to
@@ -23,6 +29,7 @@ logger: the program keeps running, uninstrumented.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import importlib.abc
 import logging
@@ -33,14 +40,21 @@ import weakref
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
 from inferwatch.instrumentation.launcher import SERVER_PID_ENV, LaunchSettings
+
+if TYPE_CHECKING:
+    from inferwatch.instrumentation.hooks import InstrumentationHandle
 
 logger = logging.getLogger("inferwatch.run")
 
 HOOKED_MODULE = "transformers.modeling_utils"
+#: transformers serve's modules (5.17 to 5.24): the app factory, and the generate manager with its thread.
+SERVE_SERVER_MODULE = "transformers.cli.serving.server"
+SERVE_UTILS_MODULE = "transformers.cli.serving.utils"
 
 _settings = LaunchSettings()
 _loading = threading.local()  # .depth: nesting of from_pretrained calls in this thread
@@ -58,10 +72,15 @@ def bootstrap() -> None:
         return
     if _settings.serve:
         _start_server()
-    if HOOKED_MODULE in sys.modules:
-        _patch_transformers(sys.modules[HOOKED_MODULE])
-    else:
-        sys.meta_path.insert(0, PostImportHook(HOOKED_MODULE, _patch_transformers))
+    for name, patch in (
+        (HOOKED_MODULE, _patch_transformers),
+        (SERVE_SERVER_MODULE, _patch_serve_server),
+        (SERVE_UTILS_MODULE, _patch_serve_utils),
+    ):
+        if name in sys.modules:
+            patch(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, PostImportHook(name, patch))
 
 
 def _start_server() -> None:
@@ -130,6 +149,84 @@ def _patch_transformers(modeling_utils: ModuleType) -> None:
         )
 
 
+def _patch_serve_server(server: ModuleType) -> None:
+    try:
+        from inferwatch.instrumentation.middleware import ArrivalMiddleware
+
+        build_server = server.build_server
+
+        @functools.wraps(build_server)
+        def build_server_with_arrivals(*args: Any, **kwargs: Any) -> Any:
+            app = build_server(*args, **kwargs)
+            try:
+                app.add_middleware(ArrivalMiddleware)
+            except Exception:
+                logger.warning(
+                    "inferwatch run: transformers serve's requests are timed from generate", exc_info=True
+                )
+            return app
+
+        server.build_server = build_server_with_arrivals
+    except Exception:
+        logger.warning("inferwatch run: could not hook transformers serve's app", exc_info=True)
+
+
+def _patch_serve_utils(utils: ModuleType) -> None:
+    """Queue time and waiting requests of transformers serve's ``GenerateManager``: the request's model is
+    known when the handler hands it over, and it then waits for the one inference thread."""
+    try:
+        thread_class, manager = utils.InferenceThread, utils.GenerateManager
+        for name in ("submit", "async_submit"):
+            setattr(thread_class, name, _in_callers_context(getattr(thread_class, name)))
+        manager.generate_streaming = _counting_waiting(manager.generate_streaming)
+        manager.generate_non_streaming = _counting_waiting_async(manager.generate_non_streaming)
+    except Exception:
+        logger.warning("inferwatch run: could not hook transformers serve's generate manager", exc_info=True)
+
+
+def _in_callers_context(submit: Callable[..., Any]) -> Callable[..., Any]:
+    """The job runs on the inference thread in a copy of the submitting handler's context (its arrival)."""
+
+    @functools.wraps(submit)
+    def wrapper(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return submit(self, functools.partial(contextvars.copy_context().run, fn), *args, **kwargs)
+
+    return wrapper
+
+
+def _count_waiting(model: Any) -> None:
+    arrival = ARRIVAL.get()
+    if arrival is None:
+        return
+    handle = instrument_now(model)
+    if handle is not None:
+        handle.count_waiting(arrival)
+
+
+def _counting_waiting(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _count_waiting(model)
+        except Exception:
+            logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
+        return method(self, model, *args, **kwargs)
+
+    return wrapper
+
+
+def _counting_waiting_async(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _count_waiting(model)
+        except Exception:
+            logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
+        return await method(self, model, *args, **kwargs)
+
+    return wrapper
+
+
 def _wrap_post_init(post_init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(post_init)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -186,16 +283,21 @@ class InstrumentOnFirstGenerate:
         self._lock = threading.Lock()
         self._retired = False
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        model = self._model()
+    def retire(self, model: Any) -> InstrumentationHandle | None:
+        """Put the real generate back and instrument the model (once)."""
         with self._lock:
             if not self._retired and model.__dict__.get("generate") is self:
                 if self._previous is None:
                     del model.generate
                 else:
                     model.generate = self._previous
-                instrument_model(model)
                 self._retired = True
+                return instrument_model(model)
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model()
+        self.retire(model)
         if self._retired:
             # The first call, or one that fetched this stand-in before the first call replaced it.
             return model.generate(*args, **kwargs)
@@ -205,23 +307,35 @@ class InstrumentOnFirstGenerate:
         return original(*args, **kwargs)
 
 
-def instrument_model(model: Any) -> None:
-    """Instrument ``model`` with the launcher's settings (instrument() keeps the handle); never raises."""
+def instrument_now(model: Any) -> InstrumentationHandle | None:
+    """Instrument a watched model before its first generate (a server about to queue a request for it);
+    the model's handle, None if it cannot be instrumented."""
+    stand_in = model.__dict__.get("generate")
+    if isinstance(stand_in, InstrumentOnFirstGenerate):
+        stand_in.retire(model)
+    return instrument_model(model)
+
+
+def instrument_model(model: Any) -> InstrumentationHandle | None:
+    """Instrument ``model`` with the launcher's settings (instrument() keeps the handle, and returns the
+    live one of a model already instrumented); never raises."""
     global _exit_hook_registered
     try:
         from inferwatch.instrumentation import InstrumentConfig, instrument
 
-        instrument(model, model_name=_settings.model_name, config=InstrumentConfig.from_env())
+        handle = instrument(model, model_name=_settings.model_name, config=InstrumentConfig.from_env())
         with _exit_hook_lock:
             if _settings.multiprocess_dir and not _exit_hook_registered:
                 atexit.register(_forget_live_gauges)
                 _exit_hook_registered = True
+        return handle
     except Exception:
         logger.warning(
             "inferwatch run: could not instrument %s; it runs uninstrumented",
             type(model).__name__,
             exc_info=True,
         )
+        return None
 
 
 def _forget_live_gauges() -> None:
