@@ -102,7 +102,7 @@ USAGE_ERRORS = (ConfigError, ListenError)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "inferwatch run [OPTIONS] -- PROGRAM [ARGS...]"
     parser.epilog = (
-        "Example: inferwatch run --port 9100 -- python serve.py --workers 1. "
+        "Example: inferwatch run --port 8799 -- python serve.py --workers 1. "
         "Metrics of every transformers causal LM the program creates (from_pretrained, from_config or "
         "direct construction) are served on http://ADDR:PORT/metrics."
     )
