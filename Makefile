@@ -22,6 +22,8 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-run
 	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $@
 
+# Serves the demo's metrics on http://127.0.0.1:8797/metrics, inferwatch's default port (not 8000, which
+# vLLM and FastAPI apps take: docs/serving.md, "Default ports"); `make demo DEMO_ARGS=--port=N` for another.
 demo: $(VENV)/.stamp-run
 	$(VENV)/bin/inferwatch demo $(DEMO_ARGS)
 

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
-from .config import PROG, ExporterConfig, parse_config
+from .config import ENV_PREFIX, PROG, ExporterConfig, parse_config
 from .errors import ConfigError, ListenError
 from .exposition import Exposition
 from .nvml import load_binding
@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        print(f"{PROG}: {exc.strerror}", file=sys.stderr)
+        # The server's message names the address; the command adds how to choose another.
+        flag = f"--web.listen-address (or ${ENV_PREFIX}WEB_LISTEN_ADDRESS)"
+        print(f"{PROG}: {exc.strerror}; change {flag}", file=sys.stderr)
         return 2
 
     stop = threading.Event()

@@ -22,7 +22,9 @@ from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
 
 PROG = "inferwatch-exporter"
 ENV_PREFIX = "INFERWATCH_EXPORTER_"
-DEFAULT_PORT = 9835
+#: Not 9835 (nvidia_gpu_exporter), 9400 (dcgm-exporter) nor any port of Prometheus' default port
+#: allocations; next to the serving endpoint's 8797 (docs/exporter.md, "Default port").
+DEFAULT_PORT = 8798
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 

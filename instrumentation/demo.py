@@ -37,6 +37,7 @@ from inferwatch.instrumentation.exposition import (
     start_http_server,
     validate_port,
 )
+from inferwatch.instrumentation.launcher import with_flag_hint
 from inferwatch.instrumentation.models import BOS_TOKEN_ID, BUILTIN_MODELS, default_device
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -370,12 +371,12 @@ def main(args: argparse.Namespace) -> int:
     device = _resolve_device(args.device)
     try:
         server = start_http_server(args.port, args.addr)
-    except ListenError:  # PortInUseError: its message already names the address
-        raise
     except OSError as exc:
-        raise ListenError(
-            exc.errno, f"cannot serve metrics on {args.addr}:{args.port}: {exc.strerror or exc}"
-        ) from None
+        if not isinstance(exc, ListenError):  # e.g. an unknown address: named as PortInUseError names it
+            exc = ListenError(
+                exc.errno, f"cannot serve metrics on {args.addr}:{args.port}: {exc.strerror or exc}"
+            )
+        raise with_flag_hint(exc, "--port", "--addr") from None
     try:
         return _serve(args, config, device, server.url)
     finally:

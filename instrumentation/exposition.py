@@ -46,7 +46,10 @@ __all__ = [
 #: prometheus_client reads this variable when it is imported: it must be set before the first import.
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-DEFAULT_PORT = 8000
+#: Not 8000 (vLLM, Triton, ``transformers serve``, uvicorn/FastAPI) nor any port of Prometheus' default
+#: port allocations: ``inferwatch run -- SERVER`` must not collide with the server it launches
+#: (docs/serving.md, "Default ports").
+DEFAULT_PORT = 8797
 DEFAULT_ADDRESS = "127.0.0.1"
 
 

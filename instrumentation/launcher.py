@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import glob
 import os
 import socket
@@ -29,6 +30,7 @@ from inferwatch.instrumentation.exposition import (
     DEFAULT_PORT,
     MULTIPROC_DIR_ENV,
     ListenError,
+    PortInUseError,
     validate_port,
 )
 
@@ -100,7 +102,7 @@ USAGE_ERRORS = (ConfigError, ListenError)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "inferwatch run [OPTIONS] -- PROGRAM [ARGS...]"
     parser.epilog = (
-        "Example: inferwatch run --port 9100 -- python serve.py --workers 1. "
+        "Example: inferwatch run --port 8799 -- python serve.py --workers 1. "
         "Metrics of every transformers causal LM the program creates (from_pretrained, from_config or "
         "direct construction) are served on http://ADDR:PORT/metrics."
     )
@@ -195,7 +197,11 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> La
 
 
 def check_port_free(address: str, port: int) -> None:
-    """Fail before the program starts when the endpoint could not listen (taken port, unknown address)."""
+    """Fail before the program starts when the endpoint could not listen.
+
+    :class:`PortInUseError` for a taken port, :class:`ListenError` for an address that cannot be listened
+    on (unknown, not local, not permitted); both name the address and port, as ``start_http_server`` does.
+    """
     if port == 0:
         return
     try:
@@ -206,9 +212,25 @@ def check_port_free(address: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(sockaddr)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                exc.errno, f"cannot serve metrics on {address}:{port}: the address is already in use"
+            ) from None
         raise ListenError(
             exc.errno, f"cannot serve metrics on {address}:{port}: {exc.strerror or exc}"
         ) from None
+
+
+def with_flag_hint(exc: ListenError, port_flag: str, address_flag: str) -> ListenError:
+    """``exc`` (same class and errno) with the flag that changes the port, or the address, appended.
+
+    The library's message names the address and port; a command adds how its user picks another one.
+    """
+    if isinstance(exc, PortInUseError):
+        hint = f"pick another port with {port_flag}"
+    else:
+        hint = f"change {address_flag} or {port_flag}"
+    return type(exc)(exc.errno, f"{exc.strerror}; {hint}")
 
 
 def prepare_multiprocess_dir(path: str) -> None:
@@ -239,7 +261,10 @@ def main(args: argparse.Namespace) -> int:
     settings = resolve_settings(args, os.environ)
     config_env = _instrument_config_environment(args, os.environ)
     if settings.serve:
-        check_port_free(settings.address, settings.port)
+        try:
+            check_port_free(settings.address, settings.port)
+        except ListenError as exc:
+            raise with_flag_hint(exc, f"--port (or ${PORT_ENV})", f"--addr (or ${ADDRESS_ENV})") from None
     if settings.multiprocess_dir:
         prepare_multiprocess_dir(settings.multiprocess_dir)
     env = child_environment(settings, config_env, os.environ)

@@ -150,7 +150,11 @@ def taken_port() -> Iterator[int]:
         (["--gpus=first"], {}, "--gpus"),
         (["--collector.nvlink"], {}, "unrecognized arguments"),
         (["--web.config.file=/nonexistent/web.yml"], {}, "/nonexistent/web.yml"),
-        (["--web.listen-address=127.0.0.1:{taken}"], {}, "cannot listen on 127.0.0.1:{taken}"),
+        (
+            ["--web.listen-address=127.0.0.1:{taken}"],
+            {},
+            "cannot listen on 127.0.0.1:{taken}: Address already in use; change --web.listen-address",
+        ),
     ],
 )
 def test_bad_configuration_exits_2_with_one_clear_line(

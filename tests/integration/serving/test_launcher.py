@@ -188,13 +188,45 @@ def test_bad_configuration_exits_2_before_running(
     assert message in stderr
 
 
-def test_taken_port_exits_2_naming_it(tmp_path: Path, port: int) -> None:
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_taken_port_exits_2_in_one_line_before_the_program_runs(tmp_path: Path, port: int, how: str) -> None:
+    # The program would leave a marker file; a taken port must stop the launch before it starts.
+    program = [sys.executable, "-c", "open('marker', 'w').close()"]
+    options, env = ([f"--port={port}"], {}) if how == "option" else ([], {"INFERWATCH_PORT": str(port)})
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        status, _, stderr = run([*INFERWATCH, "run", f"--port={port}", "--", "true"], tmp_path)
+        status, stdout, stderr = run([*INFERWATCH, "run", *options, "--", *program], tmp_path, env=env)
     assert status == 2
-    assert f"cannot serve metrics on 127.0.0.1:{port}" in stderr
+    assert not (tmp_path / "marker").exists()
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("inferwatch run: ")
+    assert f"127.0.0.1:{port}" in lines[0]
+    assert "already in use" in lines[0]
+    assert "--port" in lines[0] and "INFERWATCH_PORT" in lines[0]
+
+
+def test_taken_port_does_not_matter_without_the_server(tmp_path: Path, port: int) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        status, _, stderr = run([*INFERWATCH, "run", f"--port={port}", "--no-server", "--", "true"], tmp_path)
+    assert status == 0, stderr
+
+
+def test_unusable_address_exits_2_naming_the_address_flag(tmp_path: Path, port: int) -> None:
+    program = [sys.executable, "-c", "open('marker', 'w').close()"]
+    status, _, stderr = run(
+        [*INFERWATCH, "run", "--addr=192.0.2.1", f"--port={port}", "--", *program], tmp_path
+    )
+    assert status == 2
+    assert not (tmp_path / "marker").exists()
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert f"cannot serve metrics on 192.0.2.1:{port}" in lines[0]
+    assert "--addr" in lines[0] and "--port" in lines[0]
 
 
 def test_missing_program_exits_127(tmp_path: Path) -> None:

@@ -151,8 +151,8 @@ def test_scrape_targets_are_services_of_the_stack_on_their_ports(cpu_stack: dict
 def test_scrape_jobs_are_the_ones_the_alert_rules_select(cpu_stack: dict[str, Any]) -> None:
     jobs = {job["job_name"]: job for job in prometheus_config()["scrape_configs"]}
     selected = alert_rule_jobs()
-    assert jobs[selected["exporter"]]["static_configs"][0]["targets"] == ["exporter:9835"]
-    assert jobs[selected["serving"]]["static_configs"][0]["targets"] == ["demo:8000"]
+    assert jobs[selected["exporter"]]["static_configs"][0]["targets"] == ["exporter:8798"]
+    assert jobs[selected["serving"]]["static_configs"][0]["targets"] == ["demo:8797"]
 
 
 def test_alertmanager_config_passes_amtool() -> None:

@@ -150,9 +150,9 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
 @pytest.mark.parametrize(
     ("listen_address", "url"),
     [
-        (":9835", "http://127.0.0.1:9835/-/healthy"),
-        ("0.0.0.0:9835", "http://127.0.0.1:9835/-/healthy"),
-        ("[::]:9835", "http://[::1]:9835/-/healthy"),
+        (":8798", "http://127.0.0.1:8798/-/healthy"),
+        ("0.0.0.0:8798", "http://127.0.0.1:8798/-/healthy"),
+        ("[::]:8798", "http://[::1]:8798/-/healthy"),
         ("10.0.0.7:9100", "http://10.0.0.7:9100/-/healthy"),
     ],
 )
@@ -160,7 +160,7 @@ def test_the_health_check_asks_the_listen_address_on_loopback(listen_address: st
     assert healthcheck.local_url(listen_address) == url
 
 
-@pytest.mark.parametrize("listen_address", ["9835", "host:port", ""])
+@pytest.mark.parametrize("listen_address", ["8798", "host:port", ""])
 def test_the_health_check_refuses_a_listen_address_without_a_port(listen_address: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         healthcheck.local_url(listen_address)

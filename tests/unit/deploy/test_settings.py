@@ -42,7 +42,7 @@ def exporter_config(args: list[str], env: dict[str, str]) -> ExporterConfig:
 
 def test_the_exporter_image_configures_the_exporter() -> None:
     config = exporter_config([], image_environment("Dockerfile.exporter"))
-    assert config.listen_address == ":9835"
+    assert config.listen_address == ":8798"
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

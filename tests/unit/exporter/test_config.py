@@ -9,7 +9,7 @@ from inferwatch.exporter.errors import ConfigError
 
 def test_defaults() -> None:
     config = parse_config([], {})
-    assert (config.listen_host, config.listen_port, config.telemetry_path) == ("", 9835, "/metrics")
+    assert (config.listen_host, config.listen_port, config.telemetry_path) == ("", 8798, "/metrics")
     assert config.interval == config.timeout == 1.0
     assert (config.pcie_throughput, config.processes, config.xid, config.host) == (False, True, True, True)
     assert config.gpus == () and config.processes_max == 16
@@ -53,8 +53,8 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
             {"INFERWATCH_EXPORTER_COLLECTOR_INTERVAL": "0s"},
             "INFERWATCH_EXPORTER_COLLECTOR_INTERVAL: '0s'",
         ),
-        (["--web.listen-address", "9835"], {}, "is not HOST:PORT"),
-        (["--web.listen-address", "::1:9835"], {}, "in brackets"),
+        (["--web.listen-address", "8798"], {}, "is not HOST:PORT"),
+        (["--web.listen-address", "::1:8798"], {}, "in brackets"),
         (["--web.telemetry-path", "/-/ready"], {}, "--web.telemetry-path"),
         (["--gpus", "first"], {}, "--gpus: 'first' is not 'all'"),
         (["--processes.name-pattern", "("], {}, "is not a regular expression"),

@@ -125,9 +125,9 @@ def run(
         scraped = []
         if serving is not None:
             process.step(**serving(i))
-            scraped.append(endpoint(process.registry, float(i), "node:8000"))
+            scraped.append(endpoint(process.registry, float(i), "node:8797"))
         if gpus is not None:
             gpu.step(**gpus(i))
-            scraped.append(endpoint(gpu.registry, float(i), "node:9835"))
+            scraped.append(endpoint(gpu.registry, float(i), "node:8798"))
         snapshots.append(snapshot(*scraped))
     return diagnose(ScrapeSource(snapshots, "1s"), Thresholds.from_alerts(merge_config(alerts or {})))

@@ -7,7 +7,7 @@ from inferwatch.monitor.scrape import EndpointScrape, Snapshot, parse_exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
 
-def endpoint(registry: CollectorRegistry, at: float, instance: str = "serving:8000") -> EndpointScrape:
+def endpoint(registry: CollectorRegistry, at: float, instance: str = "serving:8797") -> EndpointScrape:
     """One endpoint's scrape of ``registry`` completed at monotonic time ``at``."""
     text = generate_latest(registry).decode()
     samples = parse_exposition(text, {"instance": instance})

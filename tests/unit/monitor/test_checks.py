@@ -32,7 +32,7 @@ def test_host_bound() -> None:
     diagnosis = run(5, serving=lambda i: {"busy": 0.2})
     (finding,) = findings(diagnosis, "host-bound")
     assert finding.severity == Severity.WARNING
-    assert finding.subject == "model m on node:8000"
+    assert finding.subject == "model m on node:8797"
     assert finding.evidence[0].value == "20%"
     assert finding.evidence[0].query == "avg by (instance, model) (llm_gpu_busy_ratio)"
     assert "reference/002" in finding.checklist[0].source
@@ -71,7 +71,7 @@ def test_throttling_by_hardware_is_critical_and_idle_is_not_throttling() -> None
     diagnosis = run(5, gpus=lambda i: {"reasons": ("hw_slowdown", "gpu_idle")})
     (finding,) = findings(diagnosis, "throttling")
     assert finding.severity == Severity.CRITICAL
-    assert finding.subject == "GPU 0 on node:9835"
+    assert finding.subject == "GPU 0 on node:8798"
     assert "hw_slowdown" in finding.summary and "gpu_idle" not in finding.summary
     assert any(e.what.startswith("SM clock") and e.value == "70%" for e in finding.evidence)
 
@@ -156,7 +156,7 @@ def test_an_oom_is_critical() -> None:
 def test_memory_creeping_without_load_is_a_leak() -> None:
     diagnosis = run(10, serving=lambda i: {"rss": 1e9 * (1 + 0.02 * i)})
     (finding,) = findings(diagnosis, "leak")
-    assert finding.subject == "process on node:8000"
+    assert finding.subject == "process on node:8797"
     assert "serving process resident memory" in finding.summary
     assert "faster than 512.00 MiB/h" in finding.summary
 

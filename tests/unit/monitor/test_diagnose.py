@@ -51,7 +51,7 @@ def test_report_lists_findings_evidence_and_remedies(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("rich.console.Console", lambda **kw: Console(file=out, width=120, **kw))
     diagnose.render(diagnosis, "heading")
     text = out.getvalue()
-    assert "WARNING  host-bound  model m on node:8000" in text
+    assert "WARNING  host-bound  model m on node:8797" in text
     assert "busy ratio while requests run (mean): 20%" in text
     assert "avg by (instance, model) (llm_gpu_busy_ratio)" in text
     assert "reference/002 §4.1" in text

@@ -57,9 +57,9 @@ def test_parse_exposition_adds_labels() -> None:
 @pytest.mark.parametrize(
     ("given", "url", "instance"),
     [
-        ("127.0.0.1:9835", "http://127.0.0.1:9835/metrics", "127.0.0.1:9835"),
-        ("http://gpu-node:8000", "http://gpu-node:8000/metrics", "gpu-node:8000"),
-        ("http://gpu-node:8000/", "http://gpu-node:8000/metrics", "gpu-node:8000"),
+        ("127.0.0.1:8798", "http://127.0.0.1:8798/metrics", "127.0.0.1:8798"),
+        ("http://gpu-node:8797", "http://gpu-node:8797/metrics", "gpu-node:8797"),
+        ("http://gpu-node:8797/", "http://gpu-node:8797/metrics", "gpu-node:8797"),
         ("https://gpu-node/custom/path", "https://gpu-node/custom/path", "gpu-node:443"),
     ],
 )

@@ -67,9 +67,9 @@ class ServingProcess:
 def two_rounds() -> tuple:
     serving, gpu = ServingProcess(), exporter_registry("sw_power_cap")
     serving.generate(1000, 0.001)  # before the window
-    first = snapshot(endpoint(serving.registry, 10.0, "serving:8000"), endpoint(gpu, 10.0, "node:9835"))
+    first = snapshot(endpoint(serving.registry, 10.0, "serving:8797"), endpoint(gpu, 10.0, "node:8798"))
     serving.generate(80, 0.015)
-    second = snapshot(endpoint(serving.registry, 12.0, "serving:8000"), endpoint(gpu, 12.0, "node:9835"))
+    second = snapshot(endpoint(serving.registry, 12.0, "serving:8797"), endpoint(gpu, 12.0, "node:8798"))
     return first, second
 
 
@@ -83,12 +83,12 @@ def test_frame_values() -> None:
     frame = build_frame(*two_rounds())
     assert frame.window_seconds == 2.0
     (gpu,) = frame.gpus
-    assert (gpu.instance, gpu.gpu, gpu.name) == ("node:9835", "0", "Test GPU")
+    assert (gpu.instance, gpu.gpu, gpu.name) == ("node:8798", "0", "Test GPU")
     assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
     (model,) = frame.models
-    assert (model.instance, model.model, model.device) == ("serving:8000", "llama", "cuda:0")
+    assert (model.instance, model.model, model.device) == ("serving:8797", "llama", "cuda:0")
     assert model.tokens_per_second == 40.0  # 80 tokens in 2 s; the 1000 before the window do not count
     # All 80 window observations lie in (0.01, 0.02]: p50 is its middle, p99 near its top.
     assert model.itl_p50_seconds == pytest.approx(0.015)

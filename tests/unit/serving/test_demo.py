@@ -50,9 +50,11 @@ def test_taken_port_exits_2(port: int, capsys: pytest.CaptureFixture) -> None:
         holder.bind(("127.0.0.1", port))
         holder.listen()
         assert inferwatch(["demo", "--model=tiny-llama", f"--port={port}"]) == 2
-    assert (
-        f"cannot serve metrics on 127.0.0.1:{port}: the address is already in use" in capsys.readouterr().err
-    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"inferwatch demo: cannot serve metrics on 127.0.0.1:{port}: the address is already in use; "
+        "pick another port with --port"
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
