@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.support import REPO_ROOT
 
-LIBRARY_PACKAGES = ("alerts", "bench", "dashboards", "exporter", "instrumentation", "monitor")
+LIBRARY_PACKAGES = ("alerts", "bench", "common", "dashboards", "exporter", "instrumentation", "monitor")
 
 
 def _imported_modules(path: Path) -> set[str]:
