@@ -247,8 +247,9 @@ def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> N
     before = server.metrics()
     concurrent_chats(server, 4, max_tokens=8)
     after = metrics_after(server, before, "llm_e2e_request_latency_seconds_count", 4)
-    assert delta(before, after, "llm_request_queue_seconds_sum") > 0, server.logs()
     assert sample_value(after, "llm_requests_waiting") is not None, "llm_requests_waiting is not exposed"
+    queued = delta(before, after, "llm_request_queue_seconds_sum")
+    assert queued > 0, f"llm_request_queue_seconds_sum grew by {queued}\n{server.logs()}"
 
 
 def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
@@ -259,7 +260,7 @@ def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
     stream = server.client().chat.completions.create(
         model=server.model,
         messages=[{"role": "user", "content": "a long story, please"}],
-        max_tokens=600,  # ~30 s of decoding here: far beyond the hang-up, bounded if the cancel is missed
+        max_tokens=2000,  # seconds of decoding on a CPU: far beyond the hang-up
         stream=True,
     )
     content_chunks = 0
