@@ -413,8 +413,10 @@ class ModelInstrumentation:
         try:
             from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-            criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-            criteria.append(SampledTokenMarks(self, request))
+            # First in the list: the mark follows sampling, before the caller's own criteria run.
+            criteria = StoppingCriteriaList(
+                [SampledTokenMarks(self, request), *(kwargs.get("stopping_criteria") or [])]
+            )
             request.marks_sampling = True
             return {**kwargs, "stopping_criteria": criteria}
         except Exception as exc:

@@ -61,11 +61,16 @@ class StepTimer:
 
 
 def greedy_generate(
-    model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, attention_mask: torch.Tensor | None = None
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    new_tokens: int,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
 ) -> torch.Tensor:
     """Exactly ``new_tokens`` greedy tokens per row (EOS cannot end a benchmark request early).
 
     ``attention_mask`` defaults to all ones, made here; a caller timing the call passes one made before.
+    Other keyword arguments go to ``generate`` (``stopping_criteria=`` for a ground truth).
     """
     with torch.no_grad():
         return model.generate(
@@ -74,6 +79,7 @@ def greedy_generate(
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             do_sample=False,
+            **kwargs,
         )
 
 

@@ -36,12 +36,14 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None
 
 
 class GroundTruth:
-    """Synchronize + perf_counter at the start and end of every forward of ``model``."""
+    """Synchronize + perf_counter at the start and end of every forward of ``model``; called as a stopping
+    criterion (it never stops a row), also each time generate has sampled the next tokens."""
 
     def __init__(self, model: torch.nn.Module, synchronize: bool = True) -> None:
         self.synchronize = synchronize
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self.sampled: list[float] = []
         self._handles = [
             model.register_forward_pre_hook(self._start),
             model.register_forward_hook(self._end),
@@ -57,6 +59,10 @@ class GroundTruth:
 
     def _end(self, module, args, output) -> None:
         self.ends.append(self._now())
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.sampled.append(self._now())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -111,7 +117,7 @@ def test_ttft_and_itl_match_synchronized_ground_truth(large, batch, prompt_lengt
         truth.ends.clear()
         torch.cuda.synchronize()
         entry = time.perf_counter()
-        _generate(large, ids, mask, 32)
+        _generate(large, ids, mask, 32, stopping_criteria=[truth])
         assert handle.flush()
     finally:
         truth.remove()
@@ -120,9 +126,10 @@ def test_ttft_and_itl_match_synchronized_ground_truth(large, batch, prompt_lengt
     itl_count = value(registry, "llm_inter_token_latency_seconds_count", model="m") - itl_count_before
     itl = (value(registry, "llm_inter_token_latency_seconds_sum", model="m") - itl_sum_before) / itl_count
     prefill = value(registry, "llm_request_prefill_seconds_sum", model="m") - prefill_before
-    true_ttft = truth.ends[0] - entry
-    true_itl = (truth.ends[-1] - truth.ends[0]) / (len(truth.ends) - 1)
-    true_prefill = truth.ends[0] - truth.starts[0]
+    # A token exists once generate has sampled it: TTFT and the prefill end there, not at the forward's end.
+    true_ttft = truth.sampled[0] - entry
+    true_itl = (truth.sampled[-1] - truth.sampled[0]) / (len(truth.sampled) - 1)
+    true_prefill = truth.sampled[0] - truth.starts[0]
     report = (
         f"inferwatch/truth: ttft {ttft:.6f}/{true_ttft:.6f} itl {itl:.6f}/{true_itl:.6f} "
         f"prefill {prefill:.6f}/{true_prefill:.6f}"
