@@ -1,5 +1,5 @@
 """Latency: fluctuation of the inter-token latency, SLO budget burn of TTFT and inter-token latency,
-request errors (``llm_*`` from the serving processes)."""
+queue time, request errors (``llm_*`` from the serving processes)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from inferwatch.common import names
 from .base import (
     MODEL,
     SERVING_BY,
+    VALUE_DURATION,
     VALUE_PERCENT,
     AlertGroup,
     AlertRule,
@@ -87,6 +88,31 @@ def _ttft_budget_burn(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchInterTokenLatencyBudgetBurn")
 def _itl_budget_burn(p: Params) -> list[AlertRule]:
     return _budget_burn(p, names.LLM_INTER_TOKEN_LATENCY_SECONDS, "Inter-token latency")
+
+
+@GROUP.alert("InferwatchQueueTimeHigh")
+def _queue_time_high(p: Params) -> list[AlertRule]:
+    buckets = p.serving(f"{names.LLM_REQUEST_QUEUE_SECONDS}_bucket")
+    requests = p.serving(f"{names.LLM_REQUEST_QUEUE_SECONDS}_count")
+    window, quantile = p["window"], p["quantile_ratio"]
+    percentile = f"p{num(quantile * 100)}"
+    expr = promql(f"""
+        histogram_quantile({num(quantile)},
+          sum by ({SERVING_BY}, le) (rate({buckets}[{window}]))
+        ) > {num(p["seconds_above"])}
+        and on ({SERVING_BY})
+          sum by ({SERVING_BY}) (rate({requests}[{window}])) > {num(p["min_requests_per_second"])}
+    """)
+    return [
+        p.rule(
+            expr,
+            f"Requests to {MODEL} wait {VALUE_DURATION} ({percentile}) before their first forward.",
+            f"The {percentile} of the time requests to {MODEL} spent between their arrival at the server "
+            f"and their first forward on the device was {VALUE_DURATION} over the last {window} "
+            f"(threshold {num(p['seconds_above'])}s), for more than {p['for']}. That time is part of "
+            "every request's time to first token: the model has more requests than it serves at once.",
+        )
+    ]
 
 
 @GROUP.alert("InferwatchRequestErrors")

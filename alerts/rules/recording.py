@@ -56,6 +56,7 @@ def _quantile_rules(serving: str, rec: Mapping[str, Any]) -> list[dict[str, Any]
     rules = []
     for metric in (
         names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
+        names.LLM_REQUEST_QUEUE_SECONDS,
         names.LLM_INTER_TOKEN_LATENCY_SECONDS,
         names.LLM_E2E_REQUEST_LATENCY_SECONDS,
     ):

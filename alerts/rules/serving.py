@@ -1,4 +1,5 @@
-"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine."""
+"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine,
+requests queueing for a model."""
 
 from __future__ import annotations
 
@@ -74,5 +75,21 @@ def _engine_stalled(p: Params) -> list[AlertRule]:
             f"{MODEL} has made no progress for {VALUE_DURATION}.",
             f"{MODEL} has requests in flight but ran no forward pass for {VALUE_DURATION} (threshold "
             f"{num(p['stall_seconds_above'])}s): the engine is hung.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchRequestsQueueing")
+def _requests_queueing(p: Params) -> list[AlertRule]:
+    waiting = p.serving(names.LLM_REQUESTS_WAITING)
+    window = p["window"]
+    expr = f"sum by ({SERVING_BY}) (avg_over_time({waiting}[{window}])) > {num(p['requests_waiting_above'])}"
+    return [
+        p.rule(
+            expr,
+            f"{VALUE} requests wait for {MODEL}.",
+            f"On average {VALUE} requests waited for {MODEL} to start generating over the last {window} "
+            f"(threshold {num(p['requests_waiting_above'])}), for more than {p['for']}. Requests arrive "
+            "faster than the model serves them: each one's time to first token includes its wait.",
         )
     ]
