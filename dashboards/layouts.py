@@ -1,7 +1,7 @@
 """The three dashboards of the design brief, as rows of panels from the modules of :mod:`.panels`.
 
-* Inference overview: what the serving process measures - latency percentiles, throughput, errors,
-  the prefill/decode breakdown, KV cache, and how busy the model keeps its device.
+* Inference overview: what the serving process measures - latency percentiles, queueing, throughput,
+  errors, the queue/prefill/decode breakdown, KV cache, and how busy the model keeps its device.
 * GPU hardware: what NVML says about every GPU - load, memory, power, temperature, clocks and why
   they are low, and the fault counters.
 * Diagnosis: the questions of the reference notes' bottleneck matrix and fault list, each answered by
@@ -86,12 +86,15 @@ def overview() -> models.Dashboard:
     return _dashboard(
         "inferwatch-overview",
         "inferwatch / Inference overview",
-        "Latency, throughput, errors, prefill/decode time and KV cache of instrumented models.",
+        "Latency, queueing, throughput, errors, queue/prefill/decode time and KV cache of instrumented "
+        "models.",
         [
             (
                 "Latency",
                 [
                     timeseries_panel(latency.time_to_first_token()),
+                    timeseries_panel(latency.queue_time()),
+                    timeseries_panel(throughput.requests_waiting(), min_value=0),
                     timeseries_panel(latency.inter_token_latency()),
                     timeseries_panel(latency.end_to_end_latency()),
                     timeseries_panel(latency.per_request_token_time()),
@@ -112,7 +115,8 @@ def overview() -> models.Dashboard:
                     timeseries_panel(prefill_decode.prefill_vs_decode(), stacked=True),
                     stat_panel(prefill_decode.decode_share()),
                     stat_panel(prefill_decode.batch_size()),
-                    timeseries_panel(prefill_decode.forward_time_by_phase(), width=24),
+                    timeseries_panel(prefill_decode.queue_vs_prefill(), stacked=True),
+                    timeseries_panel(prefill_decode.forward_time_by_phase()),
                 ],
             ),
             (

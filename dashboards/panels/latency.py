@@ -1,5 +1,5 @@
-"""Latency: time to first token, inter-token and end-to-end latency, time per output token, and the
-fluctuation the latency alert watches."""
+"""Latency: time to first token and the queue time inside it, inter-token and end-to-end latency, time
+per output token, and the fluctuation the latency alert watches."""
 
 from __future__ import annotations
 
@@ -23,9 +23,25 @@ def time_to_first_token() -> PanelSpec:
     return _latency(
         names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
         "Time to first token",
-        f"From entry into generate until the first token is computed on the device. The red line is the "
-        f"SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
+        f"From the request's arrival at the server (where the server reports it; else its entry into "
+        f"generate) until the first token is computed on the device: queue time plus prefill. The red "
+        f"line is the SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
         above(target),
+    )
+
+
+def queue_time() -> PanelSpec:
+    settings = alert_settings("InferwatchQueueTimeHigh")
+    metric = names.LLM_REQUEST_QUEUE_SECONDS
+    return PanelSpec(
+        "Queue time",
+        "Per request with a known arrival: from its arrival at the server until its first forward on "
+        "the device (queue, lock, tokenization, generate's set-up), the part of time to first token "
+        f"spent waiting. The red line is the threshold ({settings['seconds_above']} s) of "
+        f"InferwatchQueueTimeHigh on the p{settings['quantile_ratio'] * 100:g}.",
+        "s",
+        above(settings["seconds_above"]),
+        [percentile(metric, 0.5), percentile(metric, 0.99), mean(metric)],
     )
 
 

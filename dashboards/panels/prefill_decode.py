@@ -1,4 +1,5 @@
-"""Prefill and decode: time per request in each phase, the decode share, batch size, forward time."""
+"""Prefill and decode: time per request in each phase, time to first token split into queue and prefill,
+the decode share, batch size, forward time."""
 
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ def prefill_vs_decode() -> PanelSpec:
         [
             Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
             Query(mean(names.LLM_REQUEST_DECODE_SECONDS).expr, "decode {{model}}"),
+        ],
+    )
+
+
+def queue_vs_prefill() -> PanelSpec:
+    return PanelSpec(
+        "Time to first token: queue and prefill",
+        "Mean queue time (arrival at the server to the first forward) and prefill time (first forward to "
+        "first token) per request, stacked: together they make the time to first token. A queue share "
+        "that grows with load means too little capacity (replicas, batching); a prefill share that grows "
+        "means long prompts or a slow prefill.",
+        "s",
+        normal(),
+        [
+            Query(mean(names.LLM_REQUEST_QUEUE_SECONDS).expr, "queue {{model}}"),
+            Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
         ],
     )
 

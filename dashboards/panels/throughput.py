@@ -1,4 +1,5 @@
-"""Throughput and errors: tokens per second, requests by status, failed and running requests."""
+"""Throughput and errors: tokens per second, requests by status, failed and cancelled requests, running
+and waiting requests."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def tokens_per_second() -> PanelSpec:
 def requests_by_status() -> PanelSpec:
     return PanelSpec(
         "Requests by status",
-        "Finished requests per second: ok, error (the model raised) and oom (out of device memory).",
+        "Finished requests per second: ok, error (the model raised), oom (out of device memory) and "
+        "cancelled (the client went away before the end: never an error).",
         "reqps",
         normal(),
         [
@@ -45,14 +47,20 @@ def requests_by_status() -> PanelSpec:
 def failed_requests() -> PanelSpec:
     limit = alert_settings("InferwatchRequestErrors")["error_ratio_above"]
     total = summed("rate", names.LLM_REQUESTS_TOTAL, SERVING, "model")
-    ok = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status="ok"', "model")
+    # As in InferwatchRequestErrors: a request the client abandoned is no failure.
+    failed = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status=~"error|oom"', "model")
+    cancelled = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status="cancelled"', "model")
     return PanelSpec(
         "Failed requests",
         f"Share of requests that ended in an error or out-of-memory; InferwatchRequestErrors fires above "
-        f"{limit:.0%}.",
+        f"{limit:.0%}. Apart from them, the share the client cancelled (went away before the end): many "
+        "cancellations next to a long queue time mean clients give up waiting.",
         "percentunit",
         above(limit),
-        [Query(f"1 - {ok} / {total}", "{{model}}")],
+        [
+            Query(f"{failed} / {total}", "failed {{model}}"),
+            Query(f"{cancelled} / {total}", "cancelled {{model}}"),
+        ],
     )
 
 
@@ -63,4 +71,17 @@ def requests_running() -> PanelSpec:
         "short",
         normal(),
         [Query(f"sum by (model) ({sel(names.LLM_REQUESTS_RUNNING, SERVING)})", "{{model}}")],
+    )
+
+
+def requests_waiting() -> PanelSpec:
+    limit = alert_settings("InferwatchRequestsQueueing")["requests_waiting_above"]
+    return PanelSpec(
+        "Requests waiting",
+        "Requests that arrived at the server for the model and have not entered generate yet (queued). "
+        f"InferwatchRequestsQueueing fires when more than {limit} wait on average for a while; only "
+        "servers that report arrivals (inferwatch run, the ASGI/WSGI middleware) have this series.",
+        "short",
+        above(limit),
+        [Query(f"sum by (model) ({sel(names.LLM_REQUESTS_WAITING, SERVING)})", "{{model}}")],
     )
