@@ -60,7 +60,16 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazi
 
 
 def write_serve_model(
-    directory: Path, *, seed: int = 0, hidden_size: int = 64, intermediate_size: int = 128
+    directory: Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> Path:
     """Write the model, its generation config and its tokenizer into ``directory``; return it.
 
@@ -68,6 +77,8 @@ def write_serve_model(
     its ``eos_token_id`` is ``</s>`` (never generated, see the module docstring). ``intermediate_size``
     sets the weight of the model (2 MLPs of ``3 * hidden_size * intermediate_size`` parameters) at almost
     no cost per token: a memory-leak test needs a model whose leaked copies show in the process's RSS.
+    ``layers``/``heads``/``kv_heads``, ``device`` (where the weights are made) and ``dtype`` (how they are
+    saved) build larger models for the GPU benchmark.
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -78,9 +89,9 @@ def write_serve_model(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
@@ -88,7 +99,8 @@ def write_serve_model(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
     with torch.no_grad():
         for token_id in ids.values():
             model.lm_head.weight[token_id].zero_()
