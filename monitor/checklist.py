@@ -89,3 +89,15 @@ LEAK = ChecklistItem(
     "memory rising while the load does not is a leak, and ends in an OOM",
     "reference/002 §6.2 (check for leaks: caches that grow with each iteration)",
 )
+SCALE_OUT = ChecklistItem(
+    "add replicas of the model behind the load balancer (or a queue-length autoscaler on "
+    "llm_requests_waiting)",
+    "the model is at capacity: requests wait for it while its device is busy, and only more devices "
+    "serve more of them at once",
+    "docs/runbooks.md, InferwatchQueueTimeHigh (capacity: the queue vs prefill split of TTFT)",
+)
+MAX_TOKENS = ChecklistItem(
+    "cap the generated tokens per request (max_tokens / max_new_tokens)",
+    "a request holds the model for its whole decode: long generations make every request behind them wait",
+    "docs/runbooks.md, InferwatchQueueTimeHigh",
+)

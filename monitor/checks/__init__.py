@@ -7,10 +7,10 @@ check that has no data to judge (no GPU exporter scraped, no requests ran, too l
 scaling law) says so instead of passing silently.
 
 One check per module, each with its thresholds and where they come from: :mod:`.host_bound`,
-:mod:`.throttling`, :mod:`.fluctuation`, :mod:`.oom_risk`, :mod:`.leak`, :mod:`.bound` and
-:mod:`.scaling`. :mod:`.findings` is what they return, :mod:`.stats` the arithmetic they share, and
-:mod:`.thresholds` what they judge against: the alert configuration's, so that a diagnosis does not
-contradict an alert.
+:mod:`.throttling`, :mod:`.fluctuation`, :mod:`.oom_risk`, :mod:`.leak`, :mod:`.bound`,
+:mod:`.scaling` and :mod:`.queueing`. :mod:`.findings` is what they return, :mod:`.stats` the
+arithmetic they share, and :mod:`.thresholds` what they judge against: the alert configuration's, so
+that a diagnosis does not contradict an alert.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .fluctuation import check_fluctuation
 from .host_bound import check_host_bound
 from .leak import check_leaks
 from .oom_risk import check_oom_risk
+from .queueing import check_queueing
 from .scaling import check_scaling
 from .thresholds import Thresholds
 from .throttling import check_throttling
@@ -31,6 +32,7 @@ __all__ = ["CHECKS", "Diagnosis", "Series", "Severity", "Thresholds", "diagnose"
 
 CHECKS: tuple[tuple[str, Callable[[Source, Thresholds], list[Finding]]], ...] = (
     ("host-bound", check_host_bound),
+    ("queueing", check_queueing),
     ("throttling", check_throttling),
     ("fluctuation", check_fluctuation),
     ("oom-risk", check_oom_risk),

@@ -25,6 +25,10 @@ class Thresholds:
     busy_ratio_below: float
     #: ... InferwatchHostBound.requests_running_above: while more requests than this run.
     requests_running_above: float
+    #: InferwatchRequestsQueueing.requests_waiting_above: more requests than this waiting is a queue.
+    requests_waiting_above: float
+    #: InferwatchQueueTimeHigh.seconds_above: a p99 queue time above this is a queue.
+    queue_seconds_above: float
     #: InferwatchGpuHardwareSlowdown.reasons: clocks-event reasons that mean the hardware cut the clocks.
     hardware_reasons: frozenset[str]
     #: InferwatchGpuClocksThrottled.reasons: reasons that mean the driver holds the clocks down.
@@ -51,6 +55,8 @@ class Thresholds:
         return cls(
             busy_ratio_below=host_bound["busy_ratio_below"],
             requests_running_above=host_bound["requests_running_above"],
+            requests_waiting_above=alerts["InferwatchRequestsQueueing"]["requests_waiting_above"],
+            queue_seconds_above=alerts["InferwatchQueueTimeHigh"]["seconds_above"],
             hardware_reasons=frozenset(alerts["InferwatchGpuHardwareSlowdown"]["reasons"]),
             software_reasons=frozenset(alerts["InferwatchGpuClocksThrottled"]["reasons"]),
             duty_cycle_reasons=frozenset(duty_cycle["reasons"]),

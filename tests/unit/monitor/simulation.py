@@ -29,6 +29,8 @@ class Serving:
         self.itl = Histogram("llm_inter_token_latency_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
         self.ttft = Histogram("llm_time_to_first_token_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
         self.prefill = Histogram("llm_request_prefill_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
+        self.queue = Histogram("llm_request_queue_seconds", "", m, buckets=SECONDS_BUCKETS, registry=r)
+        self.waiting = Gauge("llm_requests_waiting", "", m, registry=r)
         self.batch = Histogram("llm_batch_size", "", m, buckets=TOKEN_BUCKETS, registry=r)
         self.prompt = Histogram("llm_request_prompt_tokens", "", m, buckets=TOKEN_BUCKETS, registry=r)
         self.generated = Histogram("llm_request_generation_tokens", "", m, buckets=TOKEN_BUCKETS, registry=r)
@@ -56,12 +58,17 @@ class Serving:
         ooms: int = 0,
         bandwidth: float | None = None,
         headroom: float | None = None,
+        queue: float | None = None,
+        waiting: int | None = None,
     ) -> None:
         for _ in range(tokens):
             self.itl.labels("m").observe(itl)
             self.batch.labels("m").observe(batch)
         for _ in range(requests):
-            self.ttft.labels("m").observe(prefill)
+            # With an arrival (queue given), time to first token is queue time plus prefill.
+            self.ttft.labels("m").observe(prefill + (queue or 0.0))
+            if queue is not None:
+                self.queue.labels("m").observe(queue)
             self.prefill.labels("m").observe(prefill)
             self.prompt.labels("m").observe(prompt)
             self.generated.labels("m").observe(tokens / requests)
@@ -74,6 +81,8 @@ class Serving:
             self.bandwidth.labels("m", "cuda:0").set(bandwidth)
         if headroom is not None:
             self.headroom.labels("m").set(headroom)
+        if waiting is not None:
+            self.waiting.labels("m").set(waiting)
 
 
 class Gpus:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from inferwatch.monitor import checklist
 from inferwatch.monitor.checks import Diagnosis, Severity
 
 from tests.unit.monitor.simulation import run
@@ -24,7 +25,8 @@ def test_no_data_is_not_assessed_rather_than_passed() -> None:
     assert diagnosis.findings == [] and diagnosis.passed == []
     assert not diagnosis.assessed
     assert set(diagnosis.not_assessed) == {
-        "host-bound", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound", "scaling"
+        "host-bound", "queueing", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound",
+        "scaling",
     }  # fmt: skip
 
 
@@ -198,3 +200,65 @@ def test_bandwidth_bound_decode_is_information_not_an_alarm() -> None:
     (finding,) = findings(diagnosis, "bandwidth-bound")
     assert finding.severity == Severity.INFO
     assert not diagnosis.alarming
+
+
+def test_requests_waiting_at_capacity_is_queueing() -> None:
+    # Eight requests wait (InferwatchRequestsQueueing: above 4) and each waits 1.5 s before its 20 ms
+    # prefill, while the device is busy 90 % of the time: the model is at capacity.
+    diagnosis = run(5, serving=lambda i: {"waiting": 8, "queue": 1.5, "busy": 0.9})
+    (finding,) = findings(diagnosis, "queueing")
+    assert finding.severity == Severity.WARNING
+    assert finding.subject == "model m on node:8797"
+    assert "at capacity" in finding.summary
+    evidence = {e.what: e for e in finding.evidence}
+    assert evidence["requests waiting (mean)"].value == "8"
+    assert evidence["requests waiting (mean)"].query == "sum by (instance, model) (llm_requests_waiting)"
+    # p99 inside the (1, 2] bucket: 1.99 s, above InferwatchQueueTimeHigh's 1 s.
+    assert evidence["queue time p99 (mean)"].value == "1.99 s"
+    assert evidence["queue share of time to first token"].value == "99%"
+    assert evidence["device busy ratio (mean)"].value == "90%"
+    assert [item.action for item in finding.checklist][:2] == [
+        checklist.SCALE_OUT.action, checklist.BATCHING.action
+    ]  # fmt: skip
+    assert checklist.MAX_TOKENS in finding.checklist
+    assert "host-bound" not in {f.check for f in diagnosis.findings}
+
+
+def test_queue_share_of_ttft_counts_only_while_the_device_is_busy() -> None:
+    # One request waiting and 80 ms of queue before a 20 ms prefill: 80 % of TTFT is queue.
+    busy = run(5, serving=lambda i: {"waiting": 1, "queue": 0.08, "busy": 0.9})
+    (finding,) = findings(busy, "queueing")
+    assert [e.what for e in finding.evidence] == [
+        "queue share of time to first token", "device busy ratio (mean)"
+    ]  # fmt: skip
+    assert finding.evidence[0].value == "80%"
+    # The same share on a device busy 20 % of the time: set-up before a fast prefill, no queue (the
+    # host-bound check speaks for that model).
+    idle = run(5, serving=lambda i: {"waiting": 1, "queue": 0.08, "busy": 0.2})
+    assert findings(idle, "queueing") == []
+    assert "queueing" in idle.passed
+
+
+def test_waiting_on_an_idle_device_points_at_the_host() -> None:
+    diagnosis = run(5, serving=lambda i: {"waiting": 6, "busy": 0.2})
+    (finding,) = findings(diagnosis, "queueing")
+    assert "busy only 20%" in finding.summary
+    assert finding.checklist[0] == checklist.OVERLAP
+
+
+def test_queueing_thresholds_come_from_the_alert_configuration() -> None:
+    alerts = {
+        "alerts": {
+            "InferwatchRequestsQueueing": {"requests_waiting_above": 10},
+            "InferwatchQueueTimeHigh": {"seconds_above": 2.5},
+        }
+    }
+    # 1.5 s of queue before a 2 s prefill: 43 % of TTFT, under this check's own 50 %.
+    step = {"waiting": 8, "queue": 1.5, "prefill": 2.0, "busy": 0.9}
+    assert findings(run(5, serving=lambda i: step, alerts=alerts), "queueing") == []
+    assert findings(run(5, serving=lambda i: step), "queueing") != []
+
+
+def test_queueing_without_arrivals_is_not_assessed() -> None:
+    diagnosis = run(5, serving=lambda i: {})
+    assert "llm_requests_waiting" in diagnosis.not_assessed["queueing"]
