@@ -1,7 +1,8 @@
 """What one screen of ``inferwatch top`` shows, computed from two scrape rounds.
 
-Instant values (utilization, memory, power, clocks, temperatures, running requests, KV bytes, busy ratio)
-come from the later round. Rates (tokens/s, CPU) and latency percentiles (TTFT, ITL) come from the
+Instant values (utilization, memory, power, clocks, temperatures, running and waiting requests, KV bytes,
+busy ratio) come from the later round. Rates (tokens/s, CPU) and latency percentiles (TTFT, queue time,
+ITL) come from the
 difference between the rounds: the percentiles are those of the tokens and requests that completed in the
 window, from the histogram buckets that grew, not of everything since the process started.
 """
@@ -55,10 +56,12 @@ class ModelRow:
     device: str | None
     ttft_p50_seconds: float | None
     ttft_p99_seconds: float | None
+    queue_p99_seconds: float | None  # arrival at the server -> first forward, where the server reports it
     itl_p50_seconds: float | None
     itl_p99_seconds: float | None
     tokens_per_second: float | None
     requests_running: float | None
+    requests_waiting: float | None  # arrived and not in generate yet, where the server reports it
     kv_cache_bytes: float | None
     kv_cache_headroom_tokens: float | None
     busy_ratio: float | None
@@ -111,10 +114,12 @@ _GPU_FIELDS: dict[str, Expr] = {
 _MODEL_FIELDS: dict[str, Expr] = {
     "ttft_p50_seconds": q.TTFT_P50,
     "ttft_p99_seconds": q.TTFT_P99,
+    "queue_p99_seconds": q.QUEUE_P99,
     "itl_p50_seconds": q.ITL_P50,
     "itl_p99_seconds": q.ITL_P99,
     "tokens_per_second": q.TOKENS_RATE,
     "requests_running": q.RUNNING,
+    "requests_waiting": q.WAITING,
     "kv_cache_bytes": q.KV_BYTES,
     "kv_cache_headroom_tokens": q.KV_HEADROOM,
     "busy_ratio": q.BUSY,

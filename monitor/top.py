@@ -3,9 +3,9 @@
 It scrapes the exporter and instrumented serving processes every ``--interval`` seconds and shows, per GPU,
 utilization, memory and headroom, power against its limit, SM clock against its maximum with the active
 throttle reasons, and temperature against the slowdown threshold; per model, TTFT and ITL percentiles of
-the last interval, tokens/s, running requests, KV-cache bytes and headroom, and the busy ratio; the host
-and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and scraped
-again at the next refresh.
+the last interval and the p99 queue time, tokens/s, running and waiting requests, KV-cache bytes and
+headroom, and the busy ratio; the host and the serving processes' CPU and memory. An endpoint that stops
+answering is shown as down and scraped again at the next refresh.
 
 ``--once`` prints one frame and exits (1 when an endpoint is down): two scrapes ``--window`` seconds apart,
 plain text when stdout is not a terminal, JSON with ``--json``.
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from inferwatch.monitor.checks.thresholds import default_thresholds
 from inferwatch.monitor.frame import Frame, GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import normalize_url, scrape_round
 from inferwatch.monitor.units import duration, number, percent, size
@@ -100,8 +101,8 @@ GPU_COLUMNS = (
     "instance", "gpu", "name", "util", "memory", "free", "power", "SM clock", "temp/slowdown", "throttle",
 )  # fmt: skip
 MODEL_COLUMNS = (
-    "model", "instance", "device", "TTFT p50 / p99", "ITL p50 / p99", "tok/s", "running", "KV cache",
-    "KV headroom (tok)", "busy",
+    "model", "instance", "device", "TTFT p50 / p99", "queue p99", "ITL p50 / p99", "tok/s", "running",
+    "waiting", "KV cache", "KV headroom (tok)", "busy",
 )  # fmt: skip
 
 
@@ -147,14 +148,21 @@ def _model_cells(row: ModelRow) -> list[Any]:
     host_bound = (
         row.busy_ratio is not None and row.busy_ratio < LOW_BUSY_RATIO and (row.requests_running or 0) > 0
     )
+    # Yellow where the queueing alerts would count (their `for:` aside): InferwatchRequestsQueueing and
+    # InferwatchQueueTimeHigh's thresholds.
+    limits = default_thresholds()
+    queueing = (row.requests_waiting or 0) > limits.requests_waiting_above
+    queue_long = (row.queue_p99_seconds or 0) > limits.queue_seconds_above
     return [
         row.model,
         row.instance,
         row.device or "-",
         _percentiles(row.ttft_p50_seconds, row.ttft_p99_seconds),
+        Text(_or_dash(row.queue_p99_seconds, duration), style="yellow" if queue_long else ""),
         _percentiles(row.itl_p50_seconds, row.itl_p99_seconds),
         _or_dash(row.tokens_per_second, lambda v: f"{v:.1f}"),
         _or_dash(row.requests_running, number),
+        Text(_or_dash(row.requests_waiting, number), style="yellow" if queueing else ""),
         _or_dash(row.kv_cache_bytes, size),
         _or_dash(row.kv_cache_headroom_tokens, number),
         Text(_or_dash(row.busy_ratio, percent), style="yellow" if host_bound else ""),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -51,8 +52,12 @@ class ServingProcess:
         self.ttft = Histogram(
             "llm_time_to_first_token_seconds", "", ["model"], buckets=(0.1, 0.2), registry=r
         )
+        self.queue = Histogram(
+            "llm_request_queue_seconds", "", ["model"], buckets=(0.5, 1.0, 2.0), registry=r
+        )
         self.tokens = Counter("llm_generation_tokens", "", ["model"], registry=r)
         Gauge("llm_requests_running", "", ["model"], registry=r).labels("llama").set(3)
+        Gauge("llm_requests_waiting", "", ["model"], registry=r).labels("llama").set(7)
         Gauge("llm_kv_cache_bytes", "", ["model"], registry=r).labels("llama").set(3 * 2**20)
         Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(0.3)
         Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(1)
@@ -62,6 +67,7 @@ class ServingProcess:
         for _ in range(tokens):
             self.itl.labels("llama").observe(itl)
         self.ttft.labels("llama").observe(0.15)
+        self.queue.labels("llama").observe(1.5)
 
 
 def two_rounds() -> tuple:
@@ -94,6 +100,9 @@ def test_frame_values() -> None:
     assert model.itl_p50_seconds == pytest.approx(0.015)
     assert model.itl_p99_seconds == pytest.approx(0.0199)
     assert model.requests_running == 3 and model.busy_ratio == 0.3
+    # Seven arrived requests wait; the window's one queue time lies in (1, 2]: p99 near its top.
+    assert model.requests_waiting == 7
+    assert model.queue_p99_seconds == pytest.approx(1.99)
 
 
 def test_first_frame_has_no_rates() -> None:
@@ -114,7 +123,20 @@ def test_render_shows_the_figures() -> None:
     assert "sw_power_cap" in text and "gpu_idle" not in text
     assert "15 ms / 19.9 ms" in text  # ITL p50 / p99
     assert "40.0" in text and "3.00 MiB" in text and "30%" in text
+    assert "queue p99" in text and "1.99 s" in text
+    assert "waiting" in text and " 7 " in text
     assert "2/2 endpoints up" in text
+
+
+def test_waiting_and_queue_time_above_the_alert_thresholds_are_yellow() -> None:
+    (model,) = build_frame(*two_rounds()).models
+    cells = top._model_cells(model)
+    waiting, queue = cells[top.MODEL_COLUMNS.index("waiting")], cells[top.MODEL_COLUMNS.index("queue p99")]
+    assert (str(waiting), waiting.style) == ("7", "yellow")  # InferwatchRequestsQueueing: above 4
+    assert (str(queue), queue.style) == ("1.99 s", "yellow")  # InferwatchQueueTimeHigh: above 1 s
+    quiet = top._model_cells(dataclasses.replace(model, requests_waiting=4, queue_p99_seconds=None))
+    assert quiet[top.MODEL_COLUMNS.index("waiting")].style == ""
+    assert str(quiet[top.MODEL_COLUMNS.index("queue p99")]) == "-"
 
 
 def test_render_shows_a_down_endpoint() -> None:
