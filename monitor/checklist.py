@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferwatch.common import names
+
 
 @dataclass(frozen=True)
 class ChecklistItem:
@@ -90,8 +92,8 @@ LEAK = ChecklistItem(
     "reference/002 §6.2 (check for leaks: caches that grow with each iteration)",
 )
 SCALE_OUT = ChecklistItem(
-    "add replicas of the model behind the load balancer (or a queue-length autoscaler on "
-    "llm_requests_waiting)",
+    "add replicas of the model behind the load balancer (or an autoscaler on the number of requests "
+    f"waiting, {names.LLM_REQUESTS_WAITING})",
     "the model is at capacity: requests wait for it while its device is busy, and only more devices "
     "serve more of them at once",
     "docs/runbooks.md, InferwatchQueueTimeHigh (capacity: the queue vs prefill split of TTFT)",
