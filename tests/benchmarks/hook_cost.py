@@ -36,6 +36,8 @@ TIMED = [
     (hooks.ModelInstrumentation, "_begin"),
     (hooks.ModelInstrumentation, "_succeed"),
     (hooks.ModelInstrumentation, "_token_counts"),
+    (hooks.ModelInstrumentation, "_with_token_marks"),
+    (hooks.SampledTokenMarks, "__call__"),
     (request.Request, "drain"),
     (request.Request, "_resolve"),
 ]
