@@ -151,8 +151,9 @@ def main() -> int:
             for clients in args.concurrency
         ]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
     env = environment()
     print(f"# gpu_serve {env}")
 
