@@ -482,23 +482,7 @@ class SampledTokenMarks:
         if never is None or never.shape[0] != input_ids.shape[0]:
             never = self._never = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         try:
-            request = self._request
-            placement = self._instrumentation.placement
-            end_host = time.perf_counter()  # read before the mark: no mark completes before this
-            end = placement.clock.mark()
-            request.add(
-                Step(
-                    series=request.series,
-                    device=placement.label,
-                    phase=None,
-                    start=None,
-                    end=end,
-                    tokens=1,
-                    work=0.0,
-                    start_host=None,
-                    end_host=end_host,
-                )
-            )
+            self._request.mark_tokens(self._instrumentation.placement.label, 1)
         except Exception as exc:
             self._instrumentation.errors.report("token_mark", exc)
         return never

@@ -161,6 +161,25 @@ class Request:
         if step.phase is not None:
             self.forwards += 1
 
+    def mark_tokens(self, device: str, tokens: int) -> None:
+        """``tokens`` per sequence are ready now: a clock mark on the current stream (an event on CUDA)
+        that counts when the device reaches it."""
+        end_host = time.perf_counter()  # read before the mark: no mark completes before this
+        end = self.clock.mark()
+        self.add(
+            Step(
+                series=self.series,
+                device=device,
+                phase=None,
+                start=None,
+                end=end,
+                tokens=tokens,
+                work=0.0,
+                start_host=None,
+                end_host=end_host,
+            )
+        )
+
     def set_kv(self, size: KVCacheSize | None) -> None:
         if size != self._kv:
             self.series.update_kv(self._kv, size)

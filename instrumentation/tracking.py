@@ -15,7 +15,6 @@ Leaving the block records the outcome: ok, or error / oom when an exception esca
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 
 import torch
@@ -24,7 +23,7 @@ from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import device_label
-from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, Step, failure_status
+from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.series import STATUSES, series_for
 from inferwatch.instrumentation.worker import SAMPLER
 from prometheus_client import CollectorRegistry
@@ -81,21 +80,7 @@ class RequestTracker:
         try:
             self._series.heartbeat()
             request.count_tokens(k)
-            end_host = time.perf_counter()  # read before the mark: no mark completes before this
-            end = self._clock.mark()
-            request.add(
-                Step(
-                    series=self._series,
-                    device=self._device_label,
-                    phase=None,
-                    start=None,
-                    end=end,
-                    tokens=k,
-                    work=0.0,
-                    start_host=None,
-                    end_host=end_host,
-                )
-            )
+            request.mark_tokens(self._device_label, k)
             request.drain_batch()
         except Exception as exc:
             self._errors.report("track", exc)
