@@ -296,14 +296,15 @@ class _Generation:
         stop = self.stop
 
         class StepSleep(LogitsProcessor):
-            # Runs on the host between forwards, while the device has nothing queued: every call but the
-            # last (after the final forward) precedes a decode forward, so each decode step is one sleep
-            # plus one forward, and the prefill (TTFT) is untouched.
-            def __init__(self, prompt_len: int, max_new_tokens: int) -> None:
-                self.last_call_len = prompt_len + max_new_tokens - 1
+            # Runs on the host after each forward, before its token is sampled (where a token's time
+            # ends), while the device has nothing queued: every call but the first (after the prefill)
+            # belongs to a decode step, so each decode step is one forward plus one sleep, and the
+            # prefill (TTFT) is untouched.
+            def __init__(self, prompt_len: int) -> None:
+                self.prompt_len = prompt_len
 
             def __call__(self, input_ids: Any, scores: Any) -> Any:
-                if input_ids.shape[-1] < self.last_call_len:
+                if input_ids.shape[-1] > self.prompt_len:
                     time.sleep(step_sleep)
                 return scores
 
@@ -335,7 +336,7 @@ class _Generation:
         else:
             kwargs.update(do_sample=False)
         if self._step_sleep is not None:
-            sleep = self._step_sleep(input_ids.shape[-1], request.max_new_tokens)
+            sleep = self._step_sleep(input_ids.shape[-1])
             kwargs["logits_processor"] = self._logits_processors([sleep])
         with torch.inference_mode():
             self._model.generate(
