@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from inferwatch.instrumentation import catalogue as cat
@@ -134,6 +134,16 @@ class Placement:
             footprint,
             _fingerprint(model),
         )
+
+
+class ForwardStart(NamedTuple):
+    """What the forward pre-hook leaves for the post-hook of the same forward, in this thread."""
+
+    placement: Placement
+    batch: int  # sequences in the input
+    new_tokens: int  # tokens per sequence the forward consumes (> 1: a prefill)
+    mark: Any  # the clock mark recorded before the forward
+    host: float  # perf_counter read just before the mark
 
 
 def _fingerprint(model: torch.nn.Module) -> tuple[torch.device, torch.dtype] | None:
@@ -302,7 +312,9 @@ class ModelInstrumentation:
                 placement = self.placement
             shape = (0, 0) if tensor is None else (tensor.shape[0], tensor.shape[1])
             start_host = time.perf_counter()  # read before the mark: no mark completes before this
-            self._local.start = (placement, shape, placement.clock.mark(), start_host)
+            self._local.start = ForwardStart(
+                placement, shape[0], shape[1], placement.clock.mark(), start_host
+            )
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
@@ -315,7 +327,8 @@ class ModelInstrumentation:
             series.heartbeat()
             if started is None:  # installed while this forward was running
                 return
-            placement, (batch, new_tokens), start, start_host = started
+            placement, batch, new_tokens = started.placement, started.batch, started.new_tokens
+            start, start_host = started.mark, started.host
             clock = placement.clock
             request = CURRENT_REQUEST.get()
             if request is not None and request.clock is not clock:
