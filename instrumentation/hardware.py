@@ -1,13 +1,12 @@
 """Hardware peaks the utilization ratios divide by, and the model facts they need.
 
 Peak dense 16-bit tensor FLOP/s come from the vendors' data sheets (no sparsity). Peak memory bandwidth is
-read through NVML by the NVML poller (bus width x max memory clock x 2 transfers per clock) and published
-in :data:`PEAK_MEMORY_BANDWIDTH`; both can be set in InstrumentConfig instead.
+read through NVML by the NVML poller (bus width x max memory clock x 2 transfers per clock), which the
+model's poller is handed; both can be set in InstrumentConfig instead.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +27,6 @@ PEAK_DENSE_16BIT_FLOPS: tuple[tuple[str, float], ...] = (
     ("V100", 125e12),
     ("T4", 65e12),
 )
-
-#: device label (``cuda:0``) -> peak memory bandwidth in bytes/s, as NVML reported it.
-PEAK_MEMORY_BANDWIDTH: dict[str, float] = {}
-PEAK_MEMORY_BANDWIDTH_LOCK = threading.Lock()
 
 
 def table_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:

@@ -242,26 +242,37 @@ class ModelInstrumentation:
         peak_flops = config.peak_flops
         if peak_flops is None and device.type == "cuda":
             peak_flops = table_peak_flops(torch.cuda.get_device_name(device), placement.dtype)
-        peak_bandwidth = config.peak_memory_bandwidth_bytes_per_second
+        nvml = self._start_device_pollers() if device.type == "cuda" else None
+        configured = config.peak_memory_bandwidth_bytes_per_second
+
+        def peak_bandwidth() -> float | None:
+            # The configured figure, else what the NVML poller of this device read (once, on its thread).
+            return configured or (None if nvml is None else nvml.peak_bandwidth)
+
         key = ("model", id(self), label)
         SAMPLER.acquire(
             key, lambda: ModelPoller(self.series, device, label, interval, peak_flops, peak_bandwidth)
         )
         self._poller_keys.append((SAMPLER, key))
-        if device.type != "cuda":
-            return
+
+    def _start_device_pollers(self) -> NvmlPoller | None:
+        """The CUDA allocator's poller and, where enabled, the device's NVML poller (returned)."""
+        config, device, label = self.config, self.placement.device, self.placement.label
+        interval = config.poll_interval_seconds
         key = ("allocator", id(self.metrics), label)
         SAMPLER.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, label, interval))
         self._poller_keys.append((SAMPLER, key))
-        if config.enable_nvml:
-            properties = torch.cuda.get_device_properties(device)
-            uuid = str(getattr(properties, "uuid", "") or "")
-            if uuid and not uuid.startswith(("GPU-", "MIG-")):
-                uuid = "GPU-" + uuid
-            key = ("nvml", id(self.metrics), label)
-            index = device.index or 0
-            NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, label, index, uuid, interval))
-            self._poller_keys.append((NVML_WORKER, key))
+        if not config.enable_nvml:
+            return None
+        properties = torch.cuda.get_device_properties(device)
+        uuid = str(getattr(properties, "uuid", "") or "")
+        if uuid and not uuid.startswith(("GPU-", "MIG-")):
+            uuid = "GPU-" + uuid
+        key = ("nvml", id(self.metrics), label)
+        index = device.index or 0
+        nvml = NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, label, index, uuid, interval))
+        self._poller_keys.append((NVML_WORKER, key))
+        return nvml
 
     def remove(self) -> None:
         """Take every hook off the model and stop its pollers; idempotent."""

@@ -14,7 +14,6 @@ from typing import Any
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.errors import logger
-from inferwatch.instrumentation.hardware import PEAK_MEMORY_BANDWIDTH, PEAK_MEMORY_BANDWIDTH_LOCK
 
 
 def _import_pynvml() -> Any:
@@ -45,6 +44,9 @@ class NvmlPoller:
         self._handle: Any = None
         self._disabled = False
         self._unsupported: set[str] = set()
+        #: Peak memory bandwidth in bytes/s, read once; the model pollers of this device read it (a float
+        #: written once by this poller's thread).
+        self.peak_bandwidth: float | None = None
 
     def __repr__(self) -> str:
         return f"NvmlPoller({self._label})"
@@ -78,7 +80,7 @@ class NvmlPoller:
         self._read("utilization", self._read_utilization)
         self._read("memory", self._read_memory)
         self._read("process_memory", self._read_process_memory)
-        if self._label not in PEAK_MEMORY_BANDWIDTH:
+        if self.peak_bandwidth is None:
             self._read("bandwidth", self._read_peak_bandwidth)
 
     def _set(self, spec: cat.MetricSpec, value: float) -> None:
@@ -119,5 +121,4 @@ class NvmlPoller:
         # Double data rate: two transfers per memory clock.
         peak = bus_width_bits / 8 * max_memory_clock_mhz * 1e6 * 2
         if peak > 0:
-            with PEAK_MEMORY_BANDWIDTH_LOCK:
-                PEAK_MEMORY_BANDWIDTH[self._label] = peak
+            self.peak_bandwidth = peak

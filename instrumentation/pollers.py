@@ -7,11 +7,11 @@ allocator's host-side counters, ``torch.cuda.mem_get_info`` asks the driver for 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
-from inferwatch.instrumentation.hardware import PEAK_MEMORY_BANDWIDTH
 from inferwatch.instrumentation.series import ModelSeries
 
 # llm_torch_memory_bytes{kind} <- torch.cuda.memory_stats() key.
@@ -79,7 +79,7 @@ class ModelPoller:
         label: str,
         interval: float,
         peak_flops: float | None,
-        peak_bandwidth: float | None,
+        peak_bandwidth: Callable[[], float | None],
     ) -> None:
         self.interval = interval
         self._series = series
@@ -107,7 +107,7 @@ class ModelPoller:
             model, label = self._series.name, self._label
             if wall > 0:
                 self._busy.labels(model, label).set(min(1.0, window.forward_seconds / wall))
-            peak_bandwidth = self._peak_bandwidth or PEAK_MEMORY_BANDWIDTH.get(label)
+            peak_bandwidth = self._peak_bandwidth()
             if window.decode_seconds > 0 and peak_bandwidth:
                 utilization = window.decode_bytes / window.decode_seconds / peak_bandwidth
                 self._bandwidth.labels(model, label).set(utilization)

@@ -59,8 +59,8 @@ class Worker:
 
     # -- API -------------------------------------------------------------------------------------------
 
-    def acquire(self, key: Hashable, factory: Callable[[], Poller]) -> None:
-        """Poll ``factory()`` (created once per key) until a matching :meth:`release`."""
+    def acquire(self, key: Hashable, factory: Callable[[], Poller]) -> Poller:
+        """Poll ``factory()`` (created once per key) until a matching :meth:`release`; the poller."""
         with self._cond:
             registration = self._pollers.get(key)
             if registration is None:
@@ -68,6 +68,7 @@ class Worker:
             registration.refs += 1
             self._ensure_thread()
             self._cond.notify_all()
+            return registration.poller
 
     def release(self, key: Hashable) -> None:
         with self._cond:
