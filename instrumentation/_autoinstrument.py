@@ -195,21 +195,22 @@ def _in_callers_context(submit: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _count_waiting(model: Any) -> None:
-    arrival = ARRIVAL.get()
-    if arrival is None:
-        return
-    handle = instrument_now(model)
-    if handle is not None:
-        handle.count_waiting(arrival)
+    """Count the open arrival as waiting for ``model`` (instrumented now); never raises."""
+    try:
+        arrival = ARRIVAL.get()
+        if arrival is None:
+            return
+        handle = instrument_now(model)
+        if handle is not None:
+            handle.count_waiting(arrival)
+    except Exception:
+        logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
 
 
 def _counting_waiting(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            _count_waiting(model)
-        except Exception:
-            logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
+        _count_waiting(model)
         return method(self, model, *args, **kwargs)
 
     return wrapper
@@ -218,10 +219,7 @@ def _counting_waiting(method: Callable[..., Any]) -> Callable[..., Any]:
 def _counting_waiting_async(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            _count_waiting(model)
-        except Exception:
-            logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
+        _count_waiting(model)
         return await method(self, model, *args, **kwargs)
 
     return wrapper

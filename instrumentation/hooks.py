@@ -18,7 +18,6 @@ Everything inferwatch does in these paths is inside ``try/except`` and reported 
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import os
 import threading
@@ -45,7 +44,7 @@ from inferwatch.instrumentation.kvcache import KVCacheSize, measure, output_cach
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
 from inferwatch.instrumentation.request import CURRENT_REQUEST, LooseForward, Request, Step, failure_status
-from inferwatch.instrumentation.series import forget_series, series_for
+from inferwatch.instrumentation.series import drop_gauge, forget_series, series_for
 from inferwatch.instrumentation.tokens import prompt_and_generated, stops_without_eos
 from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
 from prometheus_client import CollectorRegistry
@@ -174,7 +173,8 @@ class ModelInstrumentation:
         self._generate_wrapper: weakref.ref | None = None
         self._poller_keys: list[tuple] = []
         self._devices: set[str] = set()  # every device label the model's series were written under
-        self._marks_sampled_tokens = _is_transformers_generator(model)
+        # transformers' StoppingCriteriaList where generate is transformers' (it takes stopping criteria).
+        self._criteria_list = _stopping_criteria_list(model)
 
     # -- installation ----------------------------------------------------------------------------------
 
@@ -216,12 +216,7 @@ class ModelInstrumentation:
         for worker, key in self._poller_keys:
             worker.release(key)
         self._poller_keys = []
-        info = self.metrics[cat.MODEL_INFO]
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            info.labels(*self._info_labels()).set(0)  # prometheus_client cannot remove series there
-        else:
-            with contextlib.suppress(KeyError):
-                info.remove(*self._info_labels())
+        drop_gauge(self.metrics[cat.MODEL_INFO], *self._info_labels())
 
     def follow(self) -> None:
         """Notice that the model was moved (``model.to("cuda")`` after ``instrument()``, as happens under
@@ -432,15 +427,12 @@ class ModelInstrumentation:
         """generate's keyword arguments with :class:`SampledTokenMarks` added to the caller's stopping
         criteria (the caller's own list is never modified); the caller's as they are where it cannot be
         added."""
-        if not self._marks_sampled_tokens or len(args) > _STOPPING_CRITERIA_POSITION:
+        if self._criteria_list is None or len(args) > _STOPPING_CRITERIA_POSITION:
             return kwargs
         try:
-            from transformers.generation.stopping_criteria import StoppingCriteriaList
-
             # First in the list: the mark follows sampling, before the caller's own criteria run.
-            criteria = StoppingCriteriaList(
-                [SampledTokenMarks(self, request), *(kwargs.get("stopping_criteria") or [])]
-            )
+            own = kwargs.get("stopping_criteria") or []
+            criteria = self._criteria_list([SampledTokenMarks(self, request), *own])
             request.marks_sampling = True
             return {**kwargs, "stopping_criteria": criteria}
         except Exception as exc:
@@ -481,13 +473,15 @@ class ModelInstrumentation:
         return None if counts is None else self.placement.clock.fetch(counts)
 
 
-def _is_transformers_generator(model: torch.nn.Module) -> bool:
-    """Whether ``generate`` is transformers' (which takes ``stopping_criteria``)."""
+def _stopping_criteria_list(model: torch.nn.Module) -> type | None:
+    """transformers' ``StoppingCriteriaList`` if ``model.generate`` is transformers' (which takes
+    ``stopping_criteria``), else None."""
     try:
+        from transformers.generation.stopping_criteria import StoppingCriteriaList
         from transformers.generation.utils import GenerationMixin
     except ImportError:
-        return False
-    return isinstance(model, GenerationMixin)
+        return None
+    return StoppingCriteriaList if isinstance(model, GenerationMixin) else None
 
 
 class SampledTokenMarks:

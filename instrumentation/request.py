@@ -306,14 +306,13 @@ class Request:
         if not self.drain() or (self._counts is not None and not self._counts.ready()):
             return False
         series = self.series
-        if self._status != "ok":
-            pass  # a cancelled request's decode is cut short: no per-request latency observations
-        elif self._token_steps >= 2:
+        # A cancelled request's decode was cut short: it gets no per-request latency observations.
+        if self._status == "ok" and self._token_steps >= 2:
             decode = self._last_token - self._first_token
             series.decode.observe(decode)
             series.tpot.observe(decode / (self._token_steps - 1))
             series.max_itl.observe(self._max_gap)
-        elif self._token_steps == 1:
+        elif self._status == "ok" and self._token_steps == 1:
             series.decode.observe(0.0)
         self.clock.release(self.anchor)
         if self._counts is not None:

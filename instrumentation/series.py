@@ -173,12 +173,16 @@ def forget_series(metrics: Metrics, name: str, devices: list[str]) -> None:
     fresh series. In multiprocess mode series cannot be removed; they are set to 0."""
     with _series_lock:
         metrics.model_series.pop(name, None)
-    multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
     for spec, per_device in _LIVE_GAUGES:
-        family = metrics[spec]
         for labels in [(name, device) for device in devices] if per_device else [(name,)]:
-            if multiprocess:
-                family.labels(*labels).set(0)
-            else:
-                with contextlib.suppress(KeyError):
-                    family.remove(*labels)
+            drop_gauge(metrics[spec], *labels)
+
+
+def drop_gauge(family: Gauge, *labels: str) -> None:
+    """Remove one child of a gauge family; set it to 0 in multiprocess mode, where prometheus_client
+    cannot remove series."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        family.labels(*labels).set(0)
+    else:
+        with contextlib.suppress(KeyError):
+            family.remove(*labels)
