@@ -41,11 +41,8 @@ def check_queueing(source: Source, limits: Thresholds) -> list[Finding]:
         mean_waiting, mean_busy = _mean(waiting.get(group)), _mean(busy.get(group))
         p99 = _mean(queue_p99.get(group))
         pairs = aligned(queue_mean.get(group, []), ttft_mean.get(group, []))
-        share = (
-            statistics.fmean(q for q, _ in pairs) / statistics.fmean(t for _, t in pairs)
-            if pairs and statistics.fmean(t for _, t in pairs) > 0
-            else None
-        )
+        ttft = statistics.fmean(t for _, t in pairs) if pairs else 0.0
+        share = statistics.fmean(q for q, _ in pairs) / ttft if ttft > 0 else None
         evidence: list[Evidence] = []
         if mean_waiting is not None and mean_waiting > limits.requests_waiting_above:
             evidence.append(evidence_for(source, "requests waiting (mean)", number(mean_waiting), WAITING))
