@@ -29,7 +29,6 @@ logger: the program keeps running, uninstrumented.
 from __future__ import annotations
 
 import atexit
-import contextvars
 import functools
 import importlib.abc
 import logging
@@ -42,7 +41,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from inferwatch.instrumentation.arrival import ARRIVAL
+from inferwatch.instrumentation.arrival import ARRIVAL, in_this_context
 from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
 from inferwatch.instrumentation.launcher import SERVER_PID_ENV, LaunchSettings
 
@@ -189,7 +188,7 @@ def _in_callers_context(submit: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(submit)
     def wrapper(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return submit(self, functools.partial(contextvars.copy_context().run, fn), *args, **kwargs)
+        return submit(self, in_this_context(fn), *args, **kwargs)
 
     return wrapper
 

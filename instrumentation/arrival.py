@@ -20,7 +20,7 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 
@@ -115,6 +115,11 @@ def propagate_to_threads() -> None:
         executor.submit = _carrying_submit(executor.submit)  # type: ignore[method-assign]
 
 
+def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, to be run elsewhere (another thread) in a copy of the calling context: its arrival."""
+    return functools.partial(contextvars.copy_context().run, fn)
+
+
 def _carrying_start(start: Any) -> Any:
     @functools.wraps(start)
     def wrapper(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
@@ -136,7 +141,7 @@ def _carrying_submit(submit: Any) -> Any:
     @functools.wraps(submit)
     def wrapper(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         if ARRIVAL.get() is not None:
-            fn = functools.partial(contextvars.copy_context().run, fn)
+            fn = in_this_context(fn)
         return submit(self, fn, *args, **kwargs)
 
     return wrapper
