@@ -1,4 +1,6 @@
-"""GPU load and memory (NVML): utilization, memory bandwidth utilization, device memory."""
+"""GPU load and memory (NVML): utilization, memory bandwidth utilization, device memory; and how busy the
+SMs, tensor cores and DRAM really are (NVML GPM, on GPUs that have it), each beside the NVML figure it
+corrects."""
 
 from __future__ import annotations
 
@@ -40,4 +42,67 @@ def device_memory() -> PanelSpec:
             Query(sel(names.GPU_MEMORY_USED_BYTES, GPU), "used GPU {{gpu}} {{instance}}"),
             Query(sel(names.GPU_MEMORY_TOTAL_BYTES, GPU), "total GPU {{gpu}} {{instance}}"),
         ],
+    )
+
+
+def sm_activity() -> PanelSpec:
+    return PanelSpec(
+        "SM active vs NVML utilization",
+        "NVML utilization counts the time any kernel ran; SM active (GPM) the share of SMs that had work. "
+        "Utilization high and SM active low: the GPU waits on kernel launches (tiny kernels, a Python loop), "
+        "and CUDA graphs, torch.compile or batching help.",
+        "percentunit",
+        normal(),
+        [
+            Query(sel(names.GPU_UTILIZATION_RATIO, GPU), "NVML utilization GPU {{gpu}} {{instance}}"),
+            Query(sel(names.GPU_SM_ACTIVE_RATIO, GPU), "SM active GPU {{gpu}} {{gpu_instance}} {{instance}}"),
+        ],
+    )
+
+
+def tensor_activity() -> PanelSpec:
+    return PanelSpec(
+        "Tensor core activity and SM occupancy",
+        "Share of time the tensor cores worked, and resident warps against the SMs' capacity (GPM). SMs "
+        "busy with idle tensor cores: matmuls run in FP32 or on shapes the tensor cores cannot take.",
+        "percentunit",
+        normal(),
+        [
+            Query(
+                sel(names.GPU_TENSOR_ACTIVE_RATIO, GPU), "tensor GPU {{gpu}} {{gpu_instance}} {{instance}}"
+            ),
+            Query(
+                sel(names.GPU_SM_OCCUPANCY_RATIO, GPU), "occupancy GPU {{gpu}} {{gpu_instance}} {{instance}}"
+            ),
+        ],
+    )
+
+
+def dram_activity() -> PanelSpec:
+    return PanelSpec(
+        "DRAM activity vs NVML memory utilization",
+        "DRAM active (GPM): bandwidth used against the peak. NVML's memory utilization counts the time "
+        "memory was accessed at all, so it reads far higher for the same traffic.",
+        "percentunit",
+        normal(),
+        [
+            Query(
+                sel(names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO, GPU),
+                "NVML memory utilization GPU {{gpu}} {{instance}}",
+            ),
+            Query(
+                sel(names.GPU_DRAM_ACTIVE_RATIO, GPU), "DRAM active GPU {{gpu}} {{gpu_instance}} {{instance}}"
+            ),
+        ],
+    )
+
+
+def process_sm_utilization() -> PanelSpec:
+    return PanelSpec(
+        "SM utilization by process",
+        "Share of time each compute process had a kernel running (NVML process samples): which process "
+        "keeps the GPU busy.",
+        "percentunit",
+        normal(),
+        [Query(sel(names.GPU_PROCESS_SM_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{comm}} ({{pid}})")],
     )
