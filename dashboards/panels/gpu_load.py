@@ -46,54 +46,46 @@ def device_memory() -> PanelSpec:
 
 
 def sm_activity() -> PanelSpec:
-    return PanelSpec(
+    return _activity_panel(
         "SM active vs NVML utilization",
         "NVML utilization counts the time any kernel ran; SM active (GPM) the share of SMs that had work. "
         "Utilization high and SM active low: the GPU waits on kernel launches (tiny kernels, a Python loop), "
         "and CUDA graphs, torch.compile or batching help.",
-        "percentunit",
-        normal(),
-        [
-            Query(sel(names.GPU_UTILIZATION_RATIO, GPU), "NVML utilization GPU {{gpu}} {{instance}}"),
-            Query(sel(names.GPU_SM_ACTIVE_RATIO, GPU), "SM active GPU {{gpu}} {{gpu_instance}} {{instance}}"),
-        ],
+        (names.GPU_UTILIZATION_RATIO, "NVML utilization"),
+        (names.GPU_SM_ACTIVE_RATIO, "SM active"),
     )
 
 
 def tensor_activity() -> PanelSpec:
-    return PanelSpec(
+    return _activity_panel(
         "Tensor core activity and SM occupancy",
         "Share of time the tensor cores worked, and resident warps against the SMs' capacity (GPM). SMs "
         "busy with idle tensor cores: matmuls run in FP32 or on shapes the tensor cores cannot take.",
-        "percentunit",
-        normal(),
-        [
-            Query(
-                sel(names.GPU_TENSOR_ACTIVE_RATIO, GPU), "tensor GPU {{gpu}} {{gpu_instance}} {{instance}}"
-            ),
-            Query(
-                sel(names.GPU_SM_OCCUPANCY_RATIO, GPU), "occupancy GPU {{gpu}} {{gpu_instance}} {{instance}}"
-            ),
-        ],
+        (names.GPU_TENSOR_ACTIVE_RATIO, "tensor"),
+        (names.GPU_SM_OCCUPANCY_RATIO, "occupancy"),
     )
 
 
 def dram_activity() -> PanelSpec:
-    return PanelSpec(
+    return _activity_panel(
         "DRAM activity vs NVML memory utilization",
         "DRAM active (GPM): bandwidth used against the peak. NVML's memory utilization counts the time "
         "memory was accessed at all, so it reads far higher for the same traffic.",
+        (names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO, "NVML memory utilization"),
+        (names.GPU_DRAM_ACTIVE_RATIO, "DRAM active"),
+    )
+
+
+def _activity_panel(title: str, description: str, *series: tuple[str, str]) -> PanelSpec:
+    """Shares of time or capacity, one line per (metric, what) and GPU; GPM's also per GPU instance (MIG),
+    whose label the NVML figures lack (Grafana leaves it out of their legend)."""
+    legend = "GPU {{gpu}} {{gpu_instance}} {{instance}}"
+    return PanelSpec(
+        title,
+        description,
         "percentunit",
         normal(),
-        [
-            Query(
-                sel(names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO, GPU),
-                "NVML memory utilization GPU {{gpu}} {{instance}}",
-            ),
-            Query(
-                sel(names.GPU_DRAM_ACTIVE_RATIO, GPU), "DRAM active GPU {{gpu}} {{gpu_instance}} {{instance}}"
-            ),
-        ],
+        [Query(sel(metric, GPU), f"{what} {legend}") for metric, what in series],
     )
 
 

@@ -18,7 +18,7 @@ from .. import checklist
 from ..queries import BUSY_BY_DEVICE, GPU_UTIL, SM_ACTIVE
 from ..scrape import Labels
 from ..units import percent
-from .findings import Finding, NotAssessed, Severity, Source, evidence_for, host, subject
+from .findings import Finding, Severity, Source, evidence_for, gpm_series, host, subject
 from .stats import values
 from .thresholds import Thresholds
 
@@ -30,12 +30,7 @@ SM_SHARE_BELOW = 0.25
 
 
 def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
-    sm_active = source.series(SM_ACTIVE)
-    if not sm_active:
-        raise NotAssessed(
-            f"no {names.GPU_SM_ACTIVE_RATIO} in the window: it needs inferwatch-exporter on a GPU with "
-            "NVML GPM (Hopper or newer)"
-        )
+    sm_active = gpm_series(source, SM_ACTIVE, names.GPU_SM_ACTIVE_RATIO)
     utilization = source.series(GPU_UTIL)
     model_busy = _busy_by_gpu(source)
     findings = []

@@ -15,7 +15,7 @@ from inferwatch.common import names
 from .. import checklist
 from ..queries import FP32_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE
 from ..units import percent
-from .findings import Finding, NotAssessed, Severity, Source, evidence_for, subject
+from .findings import Finding, Severity, Source, evidence_for, gpm_series, subject
 from .stats import values
 from .thresholds import Thresholds
 
@@ -26,12 +26,7 @@ TENSOR_ACTIVE_BELOW = 0.05
 
 
 def check_tensor_cores(source: Source, limits: Thresholds) -> list[Finding]:
-    tensor = source.series(TENSOR_ACTIVE)
-    if not tensor:
-        raise NotAssessed(
-            f"no {names.GPU_TENSOR_ACTIVE_RATIO} in the window: it needs inferwatch-exporter on a GPU with "
-            "NVML GPM (Hopper or newer)"
-        )
+    tensor = gpm_series(source, TENSOR_ACTIVE, names.GPU_TENSOR_ACTIVE_RATIO)
     sm_active, fp32 = source.series(SM_ACTIVE), source.series(FP32_ACTIVE)
     findings = []
     for gpu, points in sorted(tensor.items()):

@@ -9,10 +9,21 @@ import os
 import time
 from typing import Any
 
+from inferwatch.exporter.poller import Poller
+
 from tests.support import parse_samples, sample_value
 from tests.unit.exporter.conftest import MakePoller, gpu_value, render
 
 WINDOW = 0.15  # seconds: above NVML's 100 ms minimum, short enough for a quick test
+
+
+def collect_over_windows(poller: Poller, windows: int = 1) -> None:
+    """Collect, then again each time a window has passed: the first collection opens a GPM window, each
+    later one closes one."""
+    poller.collect()
+    for _ in range(windows):
+        time.sleep(WINDOW + 0.05)
+        poller.collect()
 
 
 def gpm_errors(text: str, call: str, error: str) -> float | None:
@@ -67,9 +78,7 @@ def test_a_gpu_without_gpm_reports_not_supported_once_and_has_no_series(
 ) -> None:
     fake.reset(gpus=2, no_gpm=[1])
     poller = make_poller(gpm_window=WINDOW, pcie_throughput=True)
-    for _ in range(3):
-        poller.collect()
-        time.sleep(WINDOW + 0.05)
+    collect_over_windows(poller, 2)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 1) is None
@@ -87,9 +96,7 @@ def test_a_gpu_without_gpm_reports_not_supported_once_and_has_no_series(
 def test_nan_readings_are_left_out_and_counted(make_poller: MakePoller, fake: Any) -> None:
     fake.reset(gpus=2, gpm_nan=[0])
     poller = make_poller(gpm_window=WINDOW)
-    poller.collect()
-    time.sleep(WINDOW + 0.05)
-    poller.collect()
+    collect_over_windows(poller)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 0) is None
@@ -102,9 +109,7 @@ def test_nan_readings_are_left_out_and_counted(make_poller: MakePoller, fake: An
 def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(make_poller: MakePoller, fake: Any) -> None:
     fake.reset(gpus=2, failing={"nvmlGpmSampleGet": [0]})
     poller = make_poller(gpm_window=WINDOW)
-    for _ in range(3):
-        poller.collect()
-        time.sleep(WINDOW + 0.05)
+    collect_over_windows(poller, 2)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 0) is None
@@ -117,9 +122,7 @@ def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(make_poller: MakePo
 
 def test_a_lost_gpu_opens_a_new_window_and_keeps_its_buffers(make_poller: MakePoller, fake: Any) -> None:
     poller = make_poller(gpm_window=WINDOW)
-    poller.collect()
-    time.sleep(WINDOW + 0.05)
-    poller.collect()
+    collect_over_windows(poller)
     assert fake.gpm_buffers_live() == 4  # two per GPU, for as long as the session lasts
 
     fake.command("lose", gpu=1)
@@ -160,9 +163,7 @@ def test_mig_instances_have_their_own_series_and_a_removed_one_its_buffers_freed
 ) -> None:
     fake.reset(gpus=2, mig=[1])
     poller = make_poller(gpm_window=WINDOW)
-    poller.collect()
-    time.sleep(WINDOW + 0.05)
-    poller.collect()
+    collect_over_windows(poller)
     text = render(poller)
     assert gpu_value(text, "gpu_sm_active_ratio", 1, gpu_instance="1") == 0.30
     assert gpu_value(text, "gpu_sm_active_ratio", 1, gpu_instance="2") == 0.30
