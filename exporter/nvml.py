@@ -113,7 +113,7 @@ FIRMWARE_READINGS = ("gpu_utilization_samples", "memory_bandwidth_utilization_sa
 # NVML needs the two GPM samples of a metric more than 100 ms apart ("due to the internal sample refresh
 # rate", nvmlGpmMetricsGet's documentation): on an H200, samples 20 ms apart gave 0 or NaN for everything.
 GPM_MIN_SECONDS = 0.1
-# NVML_GPM_METRICS_GET_VERSION and NVML_GPM_SUPPORT_VERSION: part of the C ABI, like the return codes.
+# NVML_GPM_METRICS_GET_VERSION: part of the C ABI, like the return codes.
 _GPM_METRICS_GET_VERSION = 1
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from inferwatch.monitor.checks import launch_bound as launch_bound_check
+from inferwatch.monitor.checks.launch_bound import is_launch_bound
 from inferwatch.monitor.checks.thresholds import default_thresholds
 from inferwatch.monitor.frame import Frame, GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import normalize_url, scrape_round
@@ -129,8 +129,7 @@ def _gpu_cells(row: GpuRow) -> list[Any]:
     launch_bound = (
         row.utilization is not None
         and row.sm_active is not None
-        and row.utilization >= launch_bound_check.BUSY_ABOVE
-        and row.sm_active < row.utilization * launch_bound_check.SM_SHARE_BELOW
+        and is_launch_bound(row.utilization, row.sm_active)
     )
     return [
         row.instance,

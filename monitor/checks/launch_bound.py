@@ -29,6 +29,12 @@ BUSY_ABOVE = 0.1
 SM_SHARE_BELOW = 0.25
 
 
+def is_launch_bound(kernels: float, sm_active: float) -> bool:
+    """Whether kernels running ``kernels`` of the time with ``sm_active`` of the SMs active is the
+    launch-bound pattern (``inferwatch top`` marks it too)."""
+    return kernels >= BUSY_ABOVE and sm_active < kernels * SM_SHARE_BELOW
+
+
 def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
     sm_active = gpm_series(source, SM_ACTIVE, names.GPU_SM_ACTIVE_RATIO)
     utilization = source.series(GPU_UTIL)
@@ -39,7 +45,7 @@ def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
         nvml = statistics.fmean(values(utilization[gpu])) if gpu in utilization else None
         model = model_busy.get((host(gpu), dict(gpu).get("gpu", "")))
         kernels = max((v for v in (nvml, model) if v is not None), default=None)
-        if kernels is None or kernels < BUSY_ABOVE or sm >= kernels * SM_SHARE_BELOW:
+        if kernels is None or not is_launch_bound(kernels, sm):
             continue
         evidence = [evidence_for(source, "SM active (GPM, mean)", percent(sm), SM_ACTIVE)]
         if nvml is not None:

@@ -11,6 +11,7 @@ from inferwatch.cli import main as cli_main
 from inferwatch.monitor import top
 from inferwatch.monitor.frame import build_frame
 from inferwatch.monitor.scrape import EndpointScrape
+from inferwatch.monitor.top import GPU_COLUMNS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rich.console import Console
 
@@ -95,6 +96,9 @@ def test_frame_values() -> None:
     assert (gpu.instance, gpu.gpu, gpu.name) == ("node:8798", "0", "Test GPU")
     assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
     assert gpu.sm_active == 0.04
+    assert (
+        top._gpu_cells(gpu)[GPU_COLUMNS.index("SM active")].style == "yellow"
+    )  # 4 % of the SMs at 75 %: launch-bound
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
     (model,) = frame.models
