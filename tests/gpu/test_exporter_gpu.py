@@ -63,11 +63,10 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
     with start_process(cmd, f"http://{address}/-/ready", 60, log_path=log_path) as proc:
         scrape = Exporter(address, proc.popen.pid)
         deadline = time.monotonic() + 30
+        gpm = has_gpm()
 
         def ready(text: str) -> bool:  # GPU 0 read, and its first GPM window closed where it has GPM
-            return gpu_value(text, "gpu_up") == 1 and (
-                not has_gpm() or gpu_value(text, SM_ACTIVE) is not None
-            )
+            return gpu_value(text, "gpu_up") == 1 and (not gpm or gpu_value(text, SM_ACTIVE) is not None)
 
         while not ready(scrape()) and time.monotonic() < deadline:
             time.sleep(0.25)
