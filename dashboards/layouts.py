@@ -143,7 +143,8 @@ def gpu_hardware() -> models.Dashboard:
     return _dashboard(
         "inferwatch-gpu",
         "inferwatch / GPU hardware",
-        "NVML view of every GPU: load, memory, power, temperature, clocks and why they are low, faults.",
+        "NVML view of every GPU: load, how busy the SMs really are (GPM), memory, power, temperature, "
+        "clocks and why they are low, faults.",
         [
             (
                 "Load and memory",
@@ -151,6 +152,15 @@ def gpu_hardware() -> models.Dashboard:
                     timeseries_panel(gpu_load.gpu_utilization(), width=8, min_value=0),
                     timeseries_panel(gpu_load.memory_bandwidth_utilization(), width=8, min_value=0),
                     timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
+                ],
+            ),
+            (
+                "Are the SMs really busy? (GPM)",
+                [
+                    timeseries_panel(gpu_load.sm_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.tensor_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.dram_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.process_sm_utilization(), width=24, min_value=0),
                 ],
             ),
             (
@@ -187,7 +197,7 @@ def diagnosis() -> models.Dashboard:
         "inferwatch-diagnosis",
         "inferwatch / Diagnosis",
         "The bottleneck matrix side by side: latency next to clocks, memory next to OOMs, busy ratio "
-        "next to host CPU, and the health of the monitoring itself.",
+        "next to host CPU and SM activity, and the health of the monitoring itself.",
         [
             (
                 "Is latency following the clocks?",
@@ -216,6 +226,8 @@ def diagnosis() -> models.Dashboard:
                     timeseries_panel(efficiency.busy_ratio_vs_nvml(), width=8, min_value=0),
                     timeseries_panel(efficiency.serving_process_cpu(), width=8, min_value=0),
                     timeseries_panel(throughput.requests_running(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.sm_activity(), width=12, min_value=0),
+                    timeseries_panel(gpu_load.tensor_activity(), width=12, min_value=0),
                 ],
             ),
             (

@@ -383,6 +383,4 @@ class Poller:
             self._xid_watcher = None
         if session is None:
             return
-        # Shutting NVML down under a thread stuck inside it is asking for a crash: leave it initialised.
-        if not any(job.outcome is Outcome.RUNNING for job in self._jobs.values()):
-            session.close()
+        session.close(busy={device for device, job in self._jobs.items() if job.outcome is Outcome.RUNNING})

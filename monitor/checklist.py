@@ -40,6 +40,15 @@ SDPA = ChecklistItem(
     "20-40 % faster attention; the fix when prefill time grows faster than linearly in the prompt",
     f"{_CHECKLIST_000}, priorities 1-2",
 )
+CUDA_GRAPHS = ChecklistItem(
+    "keep the serving engine's CUDA graphs on (vLLM: no --enforce-eager; SGLang: no "
+    "--disable-cuda-graph), or capture a hand-written decode step with torch.cuda.graph over a static "
+    "KV cache",
+    "one graph launch replays the step's hundreds of kernels: the per-kernel launch latency that leaves "
+    "the SMs idle between tiny kernels is paid once",
+    "reference/002 §4.1 (CUDA kernel launch latency; SM utilization as a key metric); "
+    f"{_CHECKLIST_000}, priority 1 (torch.compile reduce-overhead)",
+)
 BF16 = ChecklistItem(
     "run in BF16 instead of FP32",
     "about 2x on Ampere and later: tensor cores, and half the bytes to read",

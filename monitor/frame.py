@@ -1,10 +1,10 @@
 """What one screen of ``inferwatch top`` shows, computed from two scrape rounds.
 
-Instant values (utilization, memory, power, clocks, temperatures, running and waiting requests, KV bytes,
-busy ratio) come from the later round. Rates (tokens/s, CPU) and latency percentiles (TTFT, queue time,
-ITL) come from the
-difference between the rounds: the percentiles are those of the tokens and requests that completed in the
-window, from the histogram buckets that grew, not of everything since the process started.
+Instant values (utilization, SM activity, memory, power, clocks, temperatures, running and waiting
+requests, KV bytes, busy ratio) come from the later round. Rates (tokens/s, CPU) and latency percentiles
+(TTFT, queue time, ITL) come from the difference between the rounds: the percentiles are those of the
+tokens and requests that completed in the window, from the histogram buckets that grew, not of everything
+since the process started.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class GpuRow:
     name: str | None
     up: float | None  # gpu_up: 0 when the exporter lost the GPU
     utilization: float | None
+    sm_active: float | None  # GPM, on GPUs that have it: low while utilization is high means launch-bound
     memory_used_bytes: float | None
     memory_free_bytes: float | None
     memory_total_bytes: float | None
@@ -101,6 +102,7 @@ class Frame:
 _GPU_FIELDS: dict[str, Expr] = {
     "up": q.GPU_UP,
     "utilization": q.GPU_UTIL,
+    "sm_active": q.SM_ACTIVE,
     "memory_used_bytes": q.GPU_MEMORY_USED,
     "memory_free_bytes": q.GPU_MEMORY_FREE,
     "memory_total_bytes": q.GPU_MEMORY_TOTAL,

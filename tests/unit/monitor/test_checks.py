@@ -17,7 +17,9 @@ def test_a_healthy_process_raises_nothing() -> None:
     diagnosis = run(12, serving=lambda i: {}, gpus=lambda i: {})
     assert diagnosis.findings == []
     assert diagnosis.assessed and not diagnosis.alarming
-    assert set(diagnosis.passed) >= {"host-bound", "throttling", "fluctuation", "oom-risk", "leak"}
+    assert set(diagnosis.passed) >= {
+        "host-bound", "launch-bound", "throttling", "fluctuation", "oom-risk", "leak", "tensor-cores"
+    }  # fmt: skip
 
 
 def test_no_data_is_not_assessed_rather_than_passed() -> None:
@@ -25,8 +27,8 @@ def test_no_data_is_not_assessed_rather_than_passed() -> None:
     assert diagnosis.findings == [] and diagnosis.passed == []
     assert not diagnosis.assessed
     assert set(diagnosis.not_assessed) == {
-        "host-bound", "queueing", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound",
-        "scaling",
+        "host-bound", "launch-bound", "queueing", "throttling", "fluctuation", "oom-risk", "leak",
+        "bandwidth/compute-bound", "tensor-cores", "scaling",
     }  # fmt: skip
 
 
@@ -262,3 +264,52 @@ def test_queueing_thresholds_come_from_the_alert_configuration() -> None:
 def test_queueing_without_arrivals_is_not_assessed() -> None:
     diagnosis = run(5, serving=lambda i: {})
     assert "llm_requests_waiting" in diagnosis.not_assessed["queueing"]
+
+
+def test_launch_bound_is_nvml_utilization_without_sm_activity() -> None:
+    # The H200's host-driven loop of 128² matmuls: NVML 20 %, SM active 2 %.
+    diagnosis = run(5, serving=lambda i: {}, gpus=lambda i: {"utilization": 0.2, "sm_active": 0.02})
+    (finding,) = findings(diagnosis, "launch-bound")
+    assert finding.severity == Severity.WARNING
+    assert finding.subject == "GPU 0 on node:8798"
+    assert [e.value for e in finding.evidence] == ["2.0%", "20%", "90%"]
+    assert finding.evidence[0].query == 'max by (instance, gpu) (gpu_sm_active_ratio{gpu_instance=""})'
+    assert finding.evidence[2].query == "sum by (instance, device) (llm_gpu_busy_ratio)"
+    assert finding.checklist == (checklist.COMPILE, checklist.CUDA_GRAPHS, checklist.BATCHING)
+
+
+def test_launch_bound_from_the_models_busy_ratio_alone() -> None:
+    # NVML low (it samples coarsely), the model's forwards fill its wall time, the SMs idle.
+    diagnosis = run(
+        5, serving=lambda i: {"busy": 0.8}, gpus=lambda i: {"utilization": 0.05, "sm_active": 0.05}
+    )
+    (finding,) = findings(diagnosis, "launch-bound")
+    assert "kernels run 80% of the time" in finding.summary
+
+
+def test_busy_sms_or_an_idle_gpu_are_not_launch_bound() -> None:
+    busy = run(5, serving=lambda i: {"busy": 0.95}, gpus=lambda i: {"utilization": 1.0, "sm_active": 0.96})
+    idle = run(5, gpus=lambda i: {"utilization": 0.0, "sm_active": 0.0})
+    assert findings(busy, "launch-bound") == findings(idle, "launch-bound") == []
+    assert "launch-bound" in busy.passed and "launch-bound" in idle.passed
+
+
+def test_without_gpm_launch_bound_and_tensor_cores_are_not_assessed() -> None:
+    diagnosis = run(5, gpus=lambda i: {"sm_active": None})
+    assert "GPM" in diagnosis.not_assessed["launch-bound"]
+    assert "GPM" in diagnosis.not_assessed["tensor-cores"]
+
+
+def test_tensor_cores_idle_while_the_sms_work_is_a_bf16_hint() -> None:
+    diagnosis = run(5, gpus=lambda i: {"sm_active": 0.9, "tensor_active": 0.0, "fp32_active": 0.6})
+    (finding,) = findings(diagnosis, "tensor-cores-idle")
+    assert finding.severity == Severity.INFO
+    assert [e.value for e in finding.evidence] == ["90%", "0.0%", "60%"]
+    assert finding.checklist == (checklist.BF16,)
+    assert not diagnosis.alarming
+
+
+def test_tensor_cores_at_work_or_idle_sms_give_no_hint() -> None:
+    working = run(5, gpus=lambda i: {"sm_active": 0.96, "tensor_active": 0.93})
+    idle = run(5, gpus=lambda i: {"utilization": 0.0, "sm_active": 0.01, "tensor_active": 0.0})
+    assert findings(working, "tensor-cores-idle") == findings(idle, "tensor-cores-idle") == []

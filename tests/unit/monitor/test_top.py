@@ -11,6 +11,7 @@ from inferwatch.cli import main as cli_main
 from inferwatch.monitor import top
 from inferwatch.monitor.frame import build_frame
 from inferwatch.monitor.scrape import EndpointScrape
+from inferwatch.monitor.top import GPU_COLUMNS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rich.console import Console
 
@@ -28,6 +29,9 @@ def exporter_registry(throttle: str | None) -> CollectorRegistry:
 
     Gauge("gpu_info", "", [*g, "name"], registry=r).labels(**labels, name="Test GPU").set(1)
     gauge("gpu_utilization_ratio", 0.75)
+    sm_active = Gauge("gpu_sm_active_ratio", "", [*g, "gpu_instance"], registry=r)
+    sm_active.labels(**labels, gpu_instance="").set(0.04)  # far below utilization: launch-bound
+    sm_active.labels(**labels, gpu_instance="1").set(0.5)  # a MIG instance: not the GPU's figure
     gauge("gpu_memory_used_bytes", 60 * 2**30)
     gauge("gpu_memory_free_bytes", 20 * 2**30)
     gauge("gpu_memory_total_bytes", 80 * 2**30)
@@ -91,6 +95,10 @@ def test_frame_values() -> None:
     (gpu,) = frame.gpus
     assert (gpu.instance, gpu.gpu, gpu.name) == ("node:8798", "0", "Test GPU")
     assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
+    assert gpu.sm_active == 0.04
+    assert (
+        top._gpu_cells(gpu)[GPU_COLUMNS.index("SM active")].style == "yellow"
+    )  # 4 % of the SMs at 75 %: launch-bound
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
     (model,) = frame.models
@@ -118,6 +126,7 @@ def test_render_shows_the_figures() -> None:
     text = rendered(build_frame(*two_rounds()))
     assert "60.0/80.0 GiB" in text and "25%" in text  # used/total, free share
     assert "412/700 W" in text
+    assert "SM active" in text and "4.0%" in text
     assert "1410/1980 MHz" in text
     assert "86/89 °C" in text
     assert "sw_power_cap" in text and "gpu_idle" not in text
