@@ -107,17 +107,8 @@ def test_the_kv_cache_alerts_fire_for_the_paged_cache_only(prometheus: Prometheu
     )
 
 
-def wait_for_history(prometheus: Prometheus, seconds: int) -> None:
-    expr = f'count_over_time(llm_kv_cache_blocks{{state="used"}}[{seconds + 5}s])'
-    wait_until(
-        lambda: any(float(r["value"][1]) >= seconds for r in prometheus.query(expr)),
-        seconds + 60,
-        f"{seconds}s of llm_kv_cache_blocks in Prometheus",
-    )
-
-
 def test_diagnose_reports_the_full_and_preempting_cache(prometheus: Prometheus, serving: str) -> None:
-    wait_for_history(prometheus, 12)
+    prometheus.wait_for_history('llm_kv_cache_blocks{state="used"}', 12)
     result = inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
