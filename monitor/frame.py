@@ -2,9 +2,9 @@
 
 Instant values (utilization, memory, power, clocks, temperatures, running and waiting requests, KV bytes,
 a paged KV cache's used blocks, busy ratio) come from the later round. Rates (tokens/s, preemptions, CPU)
-and latency percentiles (TTFT, queue time, ITL) come from the
-difference between the rounds: the percentiles are those of the tokens and requests that completed in the
-window, from the histogram buckets that grew, not of everything since the process started.
+and latency percentiles (TTFT, queue time, ITL) come from the difference between the rounds: the
+percentiles are those of the tokens and requests that completed in the window, from the histogram buckets
+that grew, not of everything since the process started.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ utilization, memory and headroom, power against its limit, SM clock against its 
 throttle reasons, and temperature against the slowdown threshold; per model, TTFT and ITL percentiles of
 the last interval and the p99 queue time, tokens/s, running and waiting requests, KV-cache bytes and
 headroom, the blocks used and preemptions of a paged KV cache (continuous batching), and the busy ratio;
-the host and the serving processes' CPU and memory. An endpoint that stops
-answering is shown as down and scraped again at the next refresh.
+the host and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and
+scraped again at the next refresh.
 
 ``--once`` prints one frame and exits (1 when an endpoint is down): two scrapes ``--window`` seconds apart,
 plain text when stdout is not a terminal, JSON with ``--json``.
