@@ -1,7 +1,8 @@
 """The three dashboards of the design brief, as rows of panels from the modules of :mod:`.panels`.
 
 * Inference overview: what the serving process measures - latency percentiles, queueing, throughput,
-  errors, the queue/prefill/decode breakdown, KV cache, and how busy the model keeps its device.
+  errors, the queue/prefill/decode breakdown and the tokens of each step, KV cache (a paged cache's blocks
+  and preemptions too), and how busy the model keeps its device.
 * GPU hardware: what NVML says about every GPU - load, memory, power, temperature, clocks and why
   they are low, and the fault counters.
 * Diagnosis: the questions of the reference notes' bottleneck matrix and fault list, each answered by
@@ -86,8 +87,8 @@ def overview() -> models.Dashboard:
     return _dashboard(
         "inferwatch-overview",
         "inferwatch / Inference overview",
-        "Latency, queueing, throughput, errors, queue/prefill/decode time and KV cache of instrumented "
-        "models.",
+        "Latency, queueing, throughput, errors, queue/prefill/decode time and tokens, and KV cache of "
+        "instrumented models.",
         [
             (
                 "Latency",
@@ -117,6 +118,8 @@ def overview() -> models.Dashboard:
                     stat_panel(prefill_decode.batch_size()),
                     timeseries_panel(prefill_decode.queue_vs_prefill(), stacked=True),
                     timeseries_panel(prefill_decode.forward_time_by_phase()),
+                    timeseries_panel(prefill_decode.step_tokens(), min_value=0),
+                    timeseries_panel(prefill_decode.step_tokens_rate(), min_value=0, stacked=True),
                 ],
             ),
             (
@@ -124,7 +127,9 @@ def overview() -> models.Dashboard:
                 [
                     timeseries_panel(memory.kv_cache_bytes(), width=8, min_value=0),
                     timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
-                    timeseries_panel(memory.allocator_memory(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_blocks_used(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_preemptions(), min_value=0),
+                    timeseries_panel(memory.allocator_memory(), min_value=0),
                 ],
             ),
             (
@@ -217,6 +222,8 @@ def diagnosis() -> models.Dashboard:
                     timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
                     timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
                     timeseries_panel(memory.allocator_retries_and_ooms(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_blocks_used(), min_value=0),
+                    timeseries_panel(memory.kv_cache_preemptions(), min_value=0),
                     timeseries_panel(memory.allocator_memory(), width=24, min_value=0),
                 ],
             ),

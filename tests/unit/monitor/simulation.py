@@ -40,6 +40,8 @@ class Serving:
         self.busy = Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r)
         self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", ["model", "device"], registry=r)
         self.headroom = Gauge("llm_kv_cache_headroom_tokens", "", m, registry=r)
+        self.blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
+        self.preemptions = Counter("llm_kv_cache_preemptions", "", m, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "", registry=r)
         Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("m", "cuda:0").set(1)
 
@@ -60,6 +62,9 @@ class Serving:
         headroom: float | None = None,
         queue: float | None = None,
         waiting: int | None = None,
+        blocks_used: int | None = None,
+        blocks_total: int = 1000,
+        preemptions: int | None = None,
     ) -> None:
         for _ in range(tokens):
             self.itl.labels("m").observe(itl)
@@ -83,6 +88,12 @@ class Serving:
             self.headroom.labels("m").set(headroom)
         if waiting is not None:
             self.waiting.labels("m").set(waiting)
+        # A paged KV cache (continuous batching): its blocks, and requests the scheduler preempted.
+        if blocks_used is not None:
+            self.blocks.labels("m", "used").set(blocks_used)
+            self.blocks.labels("m", "total").set(blocks_total)
+        if preemptions is not None:
+            self.preemptions.labels("m").inc(preemptions)
 
 
 class Gpus:

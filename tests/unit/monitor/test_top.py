@@ -148,6 +148,41 @@ def test_waiting_and_queue_time_above_the_alert_thresholds_are_yellow() -> None:
     assert str(quiet[top.MODEL_COLUMNS.index("queue p99")]) == "-"
 
 
+def paged_rounds() -> tuple:
+    """A continuous-batching model with a paged KV cache 94 % full that preempts 3 requests in the 2 s
+    window, next to a model served by generate whose preemption counter stays at zero."""
+    r = CollectorRegistry()
+    blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
+    blocks.labels("cb", "used").set(470)
+    blocks.labels("cb", "total").set(500)
+    preemptions = Counter("llm_kv_cache_preemptions", "", ["model"], registry=r)
+    preemptions.labels("cb").inc(10)
+    preemptions.labels("gen").inc(0)
+    first = snapshot(endpoint(r, 10.0, "serving:8797"))
+    preemptions.labels("cb").inc(3)
+    return first, snapshot(endpoint(r, 12.0, "serving:8797"))
+
+
+def test_paged_kv_cache_blocks_and_preemptions() -> None:
+    cb, gen = build_frame(*paged_rounds()).models
+    assert (cb.model, gen.model) == ("cb", "gen")
+    assert cb.kv_blocks_used_ratio == 0.94
+    assert cb.kv_preemptions_per_second == 1.5  # 3 in 2 s; the 10 before the window do not count
+    assert gen.kv_blocks_used_ratio is None and gen.kv_preemptions_per_second == 0.0
+    cells = {name: top._model_cells(cb)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
+    # Yellow above InferwatchKvCacheNearlyFull's 90 % and InferwatchKvCachePreemptions' none per 5m.
+    assert (str(cells["KV blocks used"]), cells["KV blocks used"].style) == ("94%", "yellow")
+    assert (str(cells["preempt/s"]), cells["preempt/s"].style) == ("1.5", "yellow")
+    # Without a paged cache both are "-", not a misleading 0.
+    quiet = {name: top._model_cells(gen)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
+    assert str(quiet["KV blocks used"]) == "-" and str(quiet["preempt/s"]) == "-"
+    calm = top._model_cells(dataclasses.replace(cb, kv_blocks_used_ratio=0.9, kv_preemptions_per_second=0.0))
+    assert [calm[top.MODEL_COLUMNS.index(c)].style for c in ("KV blocks used", "preempt/s")] == ["", ""]
+    assert str(calm[top.MODEL_COLUMNS.index("preempt/s")]) == "0"
+    text = rendered(build_frame(*paged_rounds()))
+    assert "KV blocks used" in text and "preempt/s" in text and "94%" in text
+
+
 def test_render_shows_a_down_endpoint() -> None:
     first, second = two_rounds()
     down = EndpointScrape(
