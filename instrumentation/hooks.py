@@ -7,9 +7,11 @@
   which opens a request at entry and closes it at exit, and adds a stopping criterion that never stops
   anything but records a clock mark each time the next tokens have been sampled: a token counts as
   produced when the device has sampled it. Exceptions from the model propagate unchanged.
+* ``init_continuous_batching``: wrapped the same way; the managers it returns are followed request by
+  request and step by step (:mod:`inferwatch.instrumentation.batching`).
 
 What inferwatch keeps never keeps the model alive: the registry of handles is weak, the handle reaches the
-``generate`` wrapper only weakly, and when the model is collected its live series go with it.
+wrappers only weakly, and when the model is collected its live series go with it.
 
 Everything inferwatch does in these paths is inside ``try/except`` and reported to
 ``llm_instrumentation_errors_total``; the model's own behaviour and outputs are untouched.
