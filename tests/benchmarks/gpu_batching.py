@@ -31,14 +31,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository: tests.support
 from bench_common import environment, median, print_table, write_json
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.models import build_model
-from inferwatch.instrumentation.series import series_for
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+from tests.support.observations import ObservationRecorder
 
 MODEL_NAME = "bench"
 
@@ -65,23 +66,6 @@ def run(model: Any, batch: list[list[int]], new_tokens: int, **batching: Any) ->
         batch, generation_config=config, continuous_batching_config=cb_config, record_timestamps=True
     )
     return list(results.values())
-
-
-class Recorder:
-    """inferwatch's per-request observations, in the order they are made."""
-
-    def __init__(self, registry: CollectorRegistry, handle: Any) -> None:
-        series = series_for(metrics_for(registry, handle.config), MODEL_NAME)
-        self.values: dict[str, list[float]] = {"ttft": [], "tpot": []}
-        for name, values in self.values.items():
-            histogram = getattr(series, name)
-            observe = histogram.observe
-
-            def record(value: float, observe=observe, values=values) -> None:
-                values.append(value)
-                observe(value)
-
-            histogram.observe = record
 
 
 class SynchronizedSteps:
@@ -127,7 +111,7 @@ def spread(ours: list[float], truth: list[float]) -> dict[str, float]:
 def accuracy(model: Any, batch: list[list[int]], new_tokens: int) -> dict[str, Any]:
     registry = CollectorRegistry()
     handle = instrument(model, model_name=MODEL_NAME, registry=registry)
-    recorder = Recorder(registry, handle)
+    recorder = ObservationRecorder(registry, handle, MODEL_NAME, ("ttft", "tpot"))
     truth = SynchronizedSteps()
     try:
         # Synchronous batching: the manager stamps a step's tokens before the next step is launched, so

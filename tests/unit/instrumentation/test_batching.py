@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from tests.support import sample_value
+from tests.support.observations import ObservationRecorder
 
 MODEL = "cb"
 #: inferwatch's TTFT and E2E per request against the manager's own timestamps for it.
@@ -33,30 +34,13 @@ def no_eos(max_new_tokens: int) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1)
 
 
-class Recorded:
-    """The per-request observations inferwatch makes, as a test reads them."""
-
-    def __init__(self, handle: InstrumentationHandle, registry: CollectorRegistry) -> None:
-        series = series_for(metrics_for(registry, handle.config), MODEL)
-        self.values: dict[str, list[float]] = {"ttft": [], "e2e": [], "itl": []}
-        for name, values in self.values.items():
-            histogram = getattr(series, name)
-            observe = histogram.observe
-
-            def record(value: float, observe=observe, values=values) -> None:
-                values.append(value)
-                observe(value)
-
-            histogram.observe = record
-
-
 @pytest.fixture
-def instrumented() -> Iterator[tuple[object, InstrumentationHandle, CollectorRegistry, Recorded]]:
+def instrumented() -> Iterator[tuple[object, InstrumentationHandle, CollectorRegistry, ObservationRecorder]]:
     registry = CollectorRegistry()
     model = build_model("tiny-llama")
     handle = instrument(model, model_name=MODEL, registry=registry)
     try:
-        yield model, handle, registry, Recorded(handle, registry)
+        yield model, handle, registry, ObservationRecorder(registry, handle, MODEL, ("ttft", "e2e", "itl"))
     finally:
         handle.remove()
 
@@ -72,7 +56,7 @@ def assert_close_each(what: str, ours: list[float], theirs: list[float]) -> None
         assert abs(mine - truth) <= RELATIVE_TOLERANCE * truth, f"{what}: ours {ours}, manager's {theirs}"
 
 
-def check_outputs(registry: CollectorRegistry, recorded: Recorded, outputs: list) -> None:
+def check_outputs(registry: CollectorRegistry, recorded: ObservationRecorder, outputs: list) -> None:
     """Requests, tokens, TTFT, ITL and E2E as the API returned them."""
     assert metric(registry, "llm_requests_total", status="ok") == len(outputs)
     prompt = sum(len(o.prompt_ids) for o in outputs)
