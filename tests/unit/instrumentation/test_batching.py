@@ -161,7 +161,7 @@ def test_a_failed_request_and_a_full_cache(instrumented) -> None:
     assert metric(registry, "llm_requests_total", status="error") == 1
     assert metric(registry, "llm_kv_cache_preemptions_total") > 0
     assert metric(registry, "llm_requests_running") == metric(registry, "llm_requests_waiting") == 0
-    assert metric(registry, "llm_instrumentation_errors_total", stage="batching") == 0
+    assert not registry.get_sample_value("llm_instrumentation_errors_total", {"stage": "batching"})
 
 
 def test_the_paged_cache_is_reported_and_forgotten_with_the_model() -> None:
@@ -197,3 +197,20 @@ def test_removal_takes_the_continuous_batching_hook_off(instrumented) -> None:
     assert "init_continuous_batching" not in model.__dict__
     model.generate_batch([encode_text("hello")], generation_config=no_eos(3))
     assert metric(registry, "llm_requests_total", status="ok") == 0
+
+
+def test_a_version_whose_manager_differs_keeps_the_steps(instrumented, monkeypatch, caplog) -> None:
+    # A release without one of the request points: the requests go unmeasured, the reason is logged once
+    # and counted, and the steps are still timed.
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+
+    model, handle, registry, _ = instrumented
+    monkeypatch.delattr(ContinuousBatchingManager, "cancel_request")
+    with caplog.at_level("WARNING", logger="inferwatch.instrumentation"):
+        model.generate_batch([encode_text("hello"), encode_text("world")], generation_config=no_eos(4))
+    assert handle.flush()
+    assert [r.message for r in caplog.records if "requests are not followed" in r.message]
+    errors = registry.get_sample_value("llm_instrumentation_errors_total", {"stage": "batching"})
+    assert errors >= 1
+    assert metric(registry, "llm_requests_total", status="ok") == 0
+    assert metric(registry, "llm_batch_size_count") > 0
