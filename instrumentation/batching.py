@@ -36,7 +36,6 @@ once and counted in ``llm_instrumentation_errors_total{stage="batching"}``.
 from __future__ import annotations
 
 import collections
-import contextvars
 import functools
 import logging
 import threading
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.clock import Anchor
 from inferwatch.instrumentation.errors import ErrorReporter
-from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, failure_status
+from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, TIMED_AROUND, failure_status
 from inferwatch.instrumentation.worker import SAMPLER
 
 if TYPE_CHECKING:
@@ -60,9 +59,6 @@ SUPPORTED_VERSIONS = ((5, 17), (5, 24))
 #: A CUDA anchor maps later events onto the host clock through a float32 elapsed time: a fresh one every
 #: this many seconds keeps that mapping at microsecond resolution on a server that runs for days.
 ANCHOR_REFRESH_SECONDS = 10.0
-#: True while the batch processor runs a step: the model's forward hooks stand aside (the step is timed
-#: as a whole; a packed row is not one sequence's prefill).
-IN_BATCH_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("inferwatch_batch_step", default=False)
 
 _WAITING, _RUNNING = "waiting", "running"
 
@@ -285,11 +281,11 @@ class BatchTimeline:
             except Exception as exc:
                 self.errors.report("batching", exc)
                 step = None
-        token = IN_BATCH_STEP.set(True)
+        token = TIMED_AROUND.set(True)
         try:
             result = compute(*args, **kwargs)
         finally:
-            IN_BATCH_STEP.reset(token)
+            TIMED_AROUND.reset(token)
         if step is not None:
             try:
                 step.end_host = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
-from inferwatch.instrumentation.batching import IN_BATCH_STEP, BatchingHooks
+from inferwatch.instrumentation.batching import BatchingHooks
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -46,7 +46,14 @@ from inferwatch.instrumentation.hardware import (
 from inferwatch.instrumentation.kvcache import KVCacheSize, measure, output_cache
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
-from inferwatch.instrumentation.request import CURRENT_REQUEST, LooseForward, Request, Step, failure_status
+from inferwatch.instrumentation.request import (
+    CURRENT_REQUEST,
+    TIMED_AROUND,
+    LooseForward,
+    Request,
+    Step,
+    failure_status,
+)
 from inferwatch.instrumentation.series import drop_gauge, forget_series, series_for
 from inferwatch.instrumentation.tokens import prompt_and_generated, stops_without_eos
 from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
@@ -184,16 +191,13 @@ class ModelInstrumentation:
     # -- installation ----------------------------------------------------------------------------------
 
     def install(self, model: torch.nn.Module) -> None:
-        pre, post = self._forward_pre, self._forward_post
-        if hasattr(torch, "compiler") and hasattr(torch.compiler, "disable"):
-            # generate may torch.compile the forward (static caches on CUDA): run the hooks eagerly
-            # between compiled regions instead of tracing them.
-            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
         self._hook_handles = [
-            model.register_forward_pre_hook(pre, with_kwargs=True),
-            model.register_forward_hook(post, with_kwargs=True),
+            model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
+            model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
         self._replace(model, "generate", self._wrap_generate)
+        if hasattr(model, "get_compiled_call"):
+            self._replace(model, "get_compiled_call", self._wrap_compiled_call)
         if hasattr(model, "init_continuous_batching"):
             self._replace(model, "init_continuous_batching", self.batching.wrap_init)
         self.metrics.live_models[self.name] = self.metrics.live_models.get(self.name, 0) + 1
@@ -324,8 +328,11 @@ class ModelInstrumentation:
 
     # -- forward hooks ---------------------------------------------------------------------------------
 
-    def _forward_pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if not self.active or IN_BATCH_STEP.get():  # a continuous-batching step is timed as a whole
+    def _forward_pre(self, module: torch.nn.Module | None, args: tuple, kwargs: dict) -> None:
+        # Traced by torch.compile around the module's __call__ (generate's compiled decode step): the
+        # check folds to a constant, so the hook adds nothing to the graph and breaks nothing; the call is
+        # timed from around it instead (_wrap_compiled_call).
+        if torch.compiler.is_compiling() or not self.active or TIMED_AROUND.get():
             return
         try:
             placement = self.placement
@@ -341,8 +348,8 @@ class ModelInstrumentation:
         except Exception as exc:
             self.errors.report("forward_pre", exc)
 
-    def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if not self.active:
+    def _forward_post(self, module: torch.nn.Module | None, args: tuple, kwargs: dict, output: Any) -> None:
+        if torch.compiler.is_compiling() or not self.active or TIMED_AROUND.get():
             return
         try:
             started = self._local.__dict__.pop("start", None)
@@ -363,7 +370,9 @@ class ModelInstrumentation:
                 phase = "prefill" if request.forwards == 0 else "decode"
                 # Reading every layer's shapes costs microseconds per step on deep models: measure after
                 # the prefill, the first decode step, then every KV_MEASURE_INTERVAL steps.
-                if request.forwards < 2 or request.forwards % KV_MEASURE_INTERVAL == 0:
+                # A preallocated (static) cache keeps its size: measured once.
+                forwards = request.forwards
+                if forwards < 2 or (forwards % KV_MEASURE_INTERVAL == 0 and not request.kv_static):
                     request.set_kv(_kv_size(output))
                 kv_bytes = request.kv_bytes
             if phase == "decode":
@@ -374,8 +383,6 @@ class ModelInstrumentation:
             tokens = 1 if request is not None and request.owner is self and not request.marks_sampling else 0
             if request is not None and request.forwards == 0 and phase == "prefill":
                 request.prompt_shape = (batch, new_tokens)
-            if request is not None:
-                request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
             # recorded, so the hook's own bookkeeping before it counts as part of the step (the caller
             # waits for it too) instead of widening the gap to whoever reads the clock next.
@@ -430,6 +437,33 @@ class ModelInstrumentation:
             return output
 
         return generate
+
+    def _wrap_compiled_call(self, original: Any) -> Any:
+        """``get_compiled_call``, through which generate gets the ``torch.compile``'d forward of its decode
+        steps (static caches): the compiled call comes back wrapped, so each step is timed from around the
+        compiled region, never from inside it (no graph break, no recompilation when hooks come or go)."""
+
+        @functools.wraps(original)
+        def get_compiled_call(*args: Any, **kwargs: Any) -> Any:
+            compiled = original(*args, **kwargs)
+            return self._timed_around(compiled) if self.active else compiled
+
+        return get_compiled_call
+
+    def _timed_around(self, compiled: Any) -> Any:
+        # A closure per generate: kept by nobody once generate returns (it holds the model through
+        # ``compiled``).
+        def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+            self._forward_pre(None, args, kwargs)
+            token = TIMED_AROUND.set(True)
+            try:
+                output = compiled(*args, **kwargs)
+            finally:
+                TIMED_AROUND.reset(token)
+            self._forward_post(None, args, kwargs, output)
+            return output
+
+        return compiled_forward
 
     def _begin(self, entry: float) -> Request | None:
         try:

@@ -1,11 +1,11 @@
 """A request's timeline: marks recorded in the hot path, turned into observations once the device is done.
 
 Hooks only *record* (a CUDA event or a host reading, plus shapes). Observations are made when a mark
-is known to be complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps
-are pending (generate's loop has synchronized by then), at the request's exit, or on the background
-sampler if the device is still busy.
-Everything here runs in one thread at a time: the serving thread while the request runs, then the
-sampler if the request was handed over (:meth:`Request.complete` returned False).
+is known to be complete (``Clock.ready``): on the background sampler once DRAIN_BATCH steps are pending
+(generate's loop has synchronized by then), at the request's exit, or on the sampler again if the device
+is still busy then. The serving thread only appends; resolution takes the request's lock, so the sampler
+and the serving thread never resolve the same request at once (docs/benchmarks.md, "Overhead on the
+fastest decode paths").
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import threading
 import time
 from typing import Any
 
@@ -20,12 +21,14 @@ import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from inferwatch.instrumentation.series import ModelSeries
+from inferwatch.instrumentation.worker import SAMPLER
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
 RESOLVE_DEADLINE_SECONDS = 120.0
-# Steps are resolved this many at a time: between two forwards the model evicts inferwatch's code and data
-# from the CPU caches, so resolving one step per forward pays the cold start every time
-# (docs/benchmarks.md, hook_cost.py). Observations appear at most this many steps late.
+# Steps are handed to the sampler this many at a time: one hand-over per step would wake it per forward,
+# and between two forwards the model evicts inferwatch's code and data from the CPU caches, so resolving
+# one step at a time pays the cold start every time (docs/benchmarks.md, hook_cost.py). Observations
+# appear about this many steps late.
 DRAIN_BATCH = 8
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 #: What serving stacks raise inside generate when the client went away: transformers serve's streamer
@@ -38,6 +41,9 @@ _CANCELLATION_NAMES = frozenset({"_GenerationCancelled", "GenerationCancelled"})
 CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
     "inferwatch_request", default=None
 )
+#: Set while a forward is timed from around it (a continuous-batching step, generate's compiled call): the
+#: model's own forward hooks stand aside, so one pass is never timed twice.
+TIMED_AROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("inferwatch_timed_around", default=False)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -159,15 +165,21 @@ class Request:
         self._prompt_tokens = prompt_tokens
         self._generation_tokens = 0
         self._counts: Fetched | None = None
+        self._lock = threading.Lock()  # held while resolving
+        self._handed_over = False  # a batch of steps is waiting for the sampler
         series.running.inc()
 
     # -- hot path: record and resolve what is already done ---------------------------------------------
 
     def add(self, step: Step) -> None:
-        """Queue a step; it is observed by a later :meth:`drain` once its marks are complete."""
-        self._pending.append(step)
+        """Queue a step; every DRAIN_BATCH steps the sampler observes those whose marks are complete."""
+        pending = self._pending
+        pending.append(step)
         if step.phase is not None:
             self.forwards += 1
+        if len(pending) >= DRAIN_BATCH and not self._handed_over:
+            self._handed_over = True
+            SAMPLER.defer(_ReadySteps(self), self.series.errors)
 
     def mark_tokens(self, device: str, tokens: int) -> None:
         """``tokens`` per sequence are ready now: a clock mark on the current stream (an event on CUDA)
@@ -198,13 +210,17 @@ class Request:
         """The request's KV-cache bytes at its last measurement."""
         return 0 if self._kv is None else self._kv.bytes
 
-    def drain_batch(self) -> None:
-        """:meth:`drain` once DRAIN_BATCH steps are pending."""
-        if len(self._pending) >= DRAIN_BATCH:
-            self.drain()
+    @property
+    def kv_static(self) -> bool:
+        """Whether the request's cache is preallocated (its size cannot change: measured once)."""
+        return self._kv is not None and self._kv.capacity_tokens is not None
 
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
+        with self._lock:
+            return self._drain()
+
+    def _drain(self) -> bool:
         pending, clock = self._pending, self.clock
         if pending and not self._anchored:
             # The anchor was recorded on an idle stream and completes at once, but elapsed_time needs it
@@ -306,12 +322,16 @@ class Request:
 
     def complete(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet."""
+        with self._lock:
+            return self._complete()
+
+    def _complete(self) -> bool:
         if self._status not in ("ok", "cancelled"):
             # A failed request: keep what already resolved, drop marks that may never be reached.
-            self.drain()
+            self._drain()
             self._pending.clear()
             return True
-        if not self.drain() or (self._counts is not None and not self._counts.ready()):
+        if not self._drain() or (self._counts is not None and not self._counts.ready()):
             return False
         series = self.series
         # A cancelled request's decode was cut short: it gets no per-request latency observations.
@@ -341,6 +361,25 @@ class Request:
 
     def expired(self) -> bool:
         return time.monotonic() > self.deadline
+
+
+class _ReadySteps:
+    """A request's hand-over to the sampler: one pass that observes its complete steps (the rest wait for
+    the next hand-over or the request's exit), so the sampler never polls a request in flight."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def complete(self) -> bool:
+        request = self.request
+        request._handed_over = False  # before draining: a step added meanwhile is handed over again
+        request.drain()
+        return True
+
+    def expired(self) -> bool:
+        return False
 
 
 class LooseForward:

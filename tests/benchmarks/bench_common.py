@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -83,12 +84,13 @@ def greedy_generate(
         )
 
 
-def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> float:
-    """Wall time of :func:`greedy_generate`, the device drained before and after (outside the request)."""
+def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, **kwargs: Any) -> float:
+    """Wall time of :func:`greedy_generate` (``kwargs`` go to it), the device drained before and after
+    (outside the request)."""
     if ids.is_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    greedy_generate(model, ids, new_tokens)
+    greedy_generate(model, ids, new_tokens, **kwargs)
     if ids.is_cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -131,6 +133,22 @@ class HistogramDelta:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def paired_ratios(ratios: list[float], resamples: int = 10_000) -> dict[str, Any]:
+    """Per-pair ratios (instrumented / bare) summarised: median, mean, spread, and the 95 % bootstrap
+    confidence interval of the median (seeded: the same ratios give the same interval)."""
+    generator = random.Random(0)
+    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return {
+        "pairs": len(ratios),
+        "ratio_median": statistics.median(ratios),
+        "ratio_mean": statistics.fmean(ratios),
+        "ratio_ci95": [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]],
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+    }
 
 
 def environment() -> dict[str, Any]:

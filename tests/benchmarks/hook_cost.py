@@ -1,11 +1,15 @@
 """Where inferwatch's time goes per step: wall time of each hook and helper, per call, on a real model.
 
 Wraps the hook methods of the instrumentation (class attributes, before ``instrument()`` binds them) with
-``perf_counter`` accumulators, runs instrumented ``generate`` calls, and prints the mean cost per call;
-then interleaves plain and instrumented runs for the end-to-end ratio, and prints a cProfile of one
+``perf_counter`` accumulators, runs instrumented ``generate`` calls, and prints the mean cost per call,
+and per forward the host time of the serving thread's hot path (the forward hooks, the compiled call's
+wrapper and the sampled-token criterion) apart from what the background sampler spends resolving; then
+interleaves plain and instrumented runs for the end-to-end ratio, and prints a cProfile of one
 instrumented ``generate`` restricted to inferwatch's and torch.cuda's functions.
 
-    python tests/benchmarks/hook_cost.py [--model small-llama] [--device cuda]
+    python tests/benchmarks/hook_cost.py [--model small-llama] [--device cuda] [--static]
+
+``--static``: a static cache, with which transformers compiles the decode step on CUDA.
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
 
 COSTS: dict[str, list[float]] = collections.defaultdict(list)
-TIMED = [
+#: What the serving thread runs on every forward (the compiled call's wrapper calls the forward hooks).
+HOT_PATH = [
     (hooks.ModelInstrumentation, "_forward_pre"),
     (hooks.ModelInstrumentation, "_forward_post"),
+    (hooks.SampledTokenMarks, "__call__"),
+]
+TIMED = [
+    *HOT_PATH,
     (hooks.ModelInstrumentation, "_begin"),
     (hooks.ModelInstrumentation, "_succeed"),
     (hooks.ModelInstrumentation, "_token_counts"),
     (hooks.ModelInstrumentation, "_with_token_marks"),
-    (hooks.SampledTokenMarks, "__call__"),
     (request.Request, "drain"),
     (request.Request, "_resolve"),
 ]
@@ -45,6 +53,8 @@ TIMED = [
 
 def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # traced into a compiled region: no clock there
+            return function(*args, **kwargs)
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
@@ -60,18 +70,22 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--static", action="store_true", help="a static cache (compiled decode on CUDA)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device == "cuda" else None
     model = build_model(args.model, device=args.device, dtype=dtype)
-    ids = torch.randint(0, 256, (1, 128), device=args.device)
-    timed_generate(model, ids, 8)
+    ids = torch.randint(0, 256, (args.batch, 128), device=args.device)
+    extra = {"cache_implementation": "static"} if args.static else {}
+    for _ in range(2):  # with --static: compiled, then the CUDA graphs recorded
+        timed_generate(model, ids, args.new_tokens, **extra)
 
     plain, watched = [], []
     for _ in range(args.repeats):
-        plain.append(timed_generate(model, ids, args.new_tokens))
+        plain.append(timed_generate(model, ids, args.new_tokens, **extra))
         handle = instrument(model, model_name="m", registry=CollectorRegistry())
-        timed_generate(model, ids, 4)
-        watched.append(timed_generate(model, ids, args.new_tokens))
+        timed_generate(model, ids, 4, **extra)
+        watched.append(timed_generate(model, ids, args.new_tokens, **extra))
         handle.remove()
     ratio = statistics.median(plain) / statistics.median(watched)
     per_step = (statistics.median(watched) - statistics.median(plain)) / args.new_tokens
@@ -84,15 +98,20 @@ def main() -> int:
         setattr(owner, name, timed(f"{owner.__name__}.{name}", original))
     handle = instrument(model, model_name="m", registry=CollectorRegistry())
     for _ in range(args.repeats):
-        timed_generate(model, ids, args.new_tokens)
+        timed_generate(model, ids, args.new_tokens, **extra)
     handle.flush()
     print("\n| function | calls | mean µs | max µs |\n|---|---|---|---|")
     for name, costs in COSTS.items():
         print(f"| {name} | {len(costs)} | {statistics.mean(costs) * 1e6:.1f} | {max(costs) * 1e6:.1f} |")
+    forwards = args.repeats * args.new_tokens
+    hot = sum(sum(COSTS[f"{owner.__name__}.{name}"]) for owner, name in HOT_PATH)
+    resolving = sum(COSTS["Request._resolve"])
+    print(f"# hot path per forward (serving thread): {hot / forwards * 1e6:.1f} µs")
+    print(f"# resolving per forward (sampler; serving thread at exit): {resolving / forwards * 1e6:.1f} µs")
 
     profile = cProfile.Profile()
     profile.enable()
-    timed_generate(model, ids, args.new_tokens)
+    timed_generate(model, ids, args.new_tokens, **extra)
     profile.disable()
     handle.remove()
     for owner, name, original in originals:

@@ -1,0 +1,128 @@
+"""generate's fastest decode path on the GPU: a static cache, with which transformers compiles the forward
+(inductor, ``reduce-overhead``: CUDA graphs), instrumented against bare, interleaved in one run.
+
+For each batch size (``--batch``), after a warm-up that compiles the step with and without inferwatch:
+
+* **Throughput**: ``--pairs`` pairs of a bare and an instrumented ``generate`` of ``--new-tokens`` greedy
+  tokens (the order alternates; instrument() and remove() around each instrumented run, as a deployment
+  that turns inferwatch on would), tokens/s of the whole call (its eager prefill included). The figure is
+  the median of the per-pair ratios with its 95 % bootstrap confidence interval.
+* **Compilation**: dynamo's counters (graphs compiled, frames, graph breaks) read after the warm-up and
+  after the last pair: instrumenting and removing must not compile anything again or break a graph.
+
+Exit status 1 when a confidence interval's lower bound is under ``--target`` or a counter moved.
+
+    python tests/benchmarks/gpu_compiled.py [--model llama-1b] [--batch 1 8] [--pairs 30] [--json OUT]
+
+The per-step host cost of the hooks on this path comes from ``hook_cost.py --static``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import environment, paired_ratios, print_table, timed_generate, write_json
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.models import build_model
+from prometheus_client import CollectorRegistry
+
+STATIC = {"cache_implementation": "static"}
+
+
+def dynamo_counters() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "frames": int(counters["frames"]["total"]),
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
+def one_run(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, instrumented: bool) -> float:
+    """Tokens/s of one static-cache generate, bare or instrumented for the length of the call."""
+    handle = instrument(model, model_name="bench", registry=CollectorRegistry()) if instrumented else None
+    try:
+        seconds = timed_generate(model, ids, new_tokens, **STATIC)
+    finally:
+        if handle is not None:
+            handle.flush(30)
+            handle.remove()
+    return ids.shape[0] * new_tokens / seconds
+
+
+def measure(model: torch.nn.Module, batch: int, new_tokens: int, pairs: int) -> dict[str, Any]:
+    ids = torch.randint(10, model.config.vocab_size, (batch, 128), device="cuda")
+    for instrumented in (False, True, False, True):  # compile, then the CUDA graphs of both modes
+        one_run(model, ids, new_tokens, instrumented)
+    assert hasattr(model, "_compiled_call"), "transformers did not take its compiled path"
+    before = dynamo_counters()
+    ratios, bare, watched = [], [], []
+    for pair in range(pairs):
+        rates = {}
+        for instrumented in (False, True) if pair % 2 == 0 else (True, False):
+            rates[instrumented] = one_run(model, ids, new_tokens, instrumented)
+        bare.append(rates[False])
+        watched.append(rates[True])
+        ratios.append(rates[True] / rates[False])
+    after = dynamo_counters()
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "bare_tokens_per_s": sorted(bare)[len(bare) // 2],
+        "inferwatch_tokens_per_s": sorted(watched)[len(watched) // 2],
+        "step_ms": 1e3 * batch / sorted(bare)[len(bare) // 2],
+        **paired_ratios(ratios),
+        "dynamo_before": before,
+        "dynamo_after": after,
+        "dynamo_unchanged": before == after,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="llama-1b")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--target", type=float, default=0.995)
+    parser.add_argument("--json", help="also write the rows and environment to this file")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_compiled: no CUDA device", file=sys.stderr)
+        return 2
+    model = build_model(args.model, device="cuda", dtype=torch.bfloat16)
+    rows = [measure(model, batch, args.new_tokens, args.pairs) for batch in args.batch]
+    env = environment()
+    print(f"# gpu_compiled {env} model={args.model} new_tokens={args.new_tokens} pairs={args.pairs}")
+    print_table(
+        rows,
+        [
+            ("batch", "batch", str),
+            ("step_ms", "step ms (bare)", lambda v: f"{v:.2f}"),
+            ("bare_tokens_per_s", "bare tok/s", lambda v: f"{v:.0f}"),
+            ("inferwatch_tokens_per_s", "instrumented tok/s", lambda v: f"{v:.0f}"),
+            ("ratio_median", "ratio (median)", lambda v: f"{v:.2%}"),
+            ("ratio_ci95", "95 % CI", lambda v: f"{v[0]:.2%}-{v[1]:.2%}"),
+            ("ratio_min", "min", lambda v: f"{v:.2%}"),
+            ("ratio_max", "max", lambda v: f"{v:.2%}"),
+            ("dynamo_unchanged", "no recompile / break", str),
+        ],
+    )
+    missed = [row for row in rows if row["ratio_ci95"][0] < args.target or not row["dynamo_unchanged"]]
+    for row in missed:
+        print(f"MISSED at batch {row['batch']}")
+    write_json(args.json, {"environment": env, "args": vars(args), "rows": rows})
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
