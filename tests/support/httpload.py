@@ -14,6 +14,7 @@ import contextlib
 import os
 import ssl
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -248,3 +249,47 @@ def raise_fd_limit(wanted: int) -> None:
 def load_situation() -> dict[str, Any]:
     """What else the machine was doing: load averages at the time of the figures."""
     return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+
+
+class Load:
+    """Scrapers on a thread of their own for as long as the ``with`` block runs (tests that must do
+    something else meanwhile, such as signalling the server)."""
+
+    def __init__(self, target: Target, scrapers: int, period: float = 0.0) -> None:
+        self.target = target
+        self.scrapers = scrapers
+        self.period = period
+        self.latencies = Latencies()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        async def scrapers() -> None:
+            until = time.monotonic() + 3600
+            jobs = [
+                asyncio.ensure_future(keepalive_scraper(self.target, until, self.period, self.latencies))
+                for _ in range(self.scrapers)
+            ]
+            while not self._stop.is_set():
+                await asyncio.sleep(0.05)
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+        asyncio.run(scrapers())
+
+    def wait_for(self, requests: int, timeout: float = 30.0) -> None:
+        """Block until ``requests`` scrapes have been answered (the load is really flowing)."""
+        deadline = time.monotonic() + timeout
+        while len(self.latencies.seconds) < requests:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.latencies.seconds)} of {requests} scrapes in {timeout}s")
+            time.sleep(0.02)
