@@ -209,8 +209,9 @@ class HttpServer:
         self._sock = sock
         self._port: int = sock.getsockname()[1]
         self._ssl_context = ssl_context
+        self._app = app
         self._config = uvicorn.Config(
-            app,
+            self._guarded,
             http="h11",
             ws="none",
             lifespan="off",
@@ -230,6 +231,15 @@ class HttpServer:
     @property
     def port(self) -> int:
         return self._port
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            # stop() cancels what still waits (for a CPU budget, a password check) once its connection
+            # is cut: nothing to answer, and nothing for uvicorn to log as an error.
+            if not self._settings.stopping:
+                raise
 
     def _create(self, **kwargs: Any) -> _Protocol:
         return _Protocol(
@@ -276,6 +286,7 @@ class HttpServer:
         for connection in list(self._state.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+        await asyncio.sleep(0)  # connection_lost marks each cycle disconnected before its task is cancelled
         for task in list(self._state.tasks):
             task.cancel()
         if self._listener is not None:
@@ -379,8 +390,8 @@ class CpuBudget:
     def __init__(self, share: float, burst: float) -> None:
         if not 0 < share <= 1 or burst <= 0:
             raise ValueError(f"a CPU budget needs 0 < share <= 1 and burst > 0, got {share} and {burst}")
-        self._share = share
-        self._burst = burst
+        self.share = share
+        self.burst = burst
         self._tokens = burst
         self._wall = 0.0
         self._cpu: float | None = None  # read first in the thread that uses the budget
@@ -401,11 +412,13 @@ class CpuBudget:
             self._lock = asyncio.Lock()
         async with self._lock:
             while not self.available():
-                await asyncio.sleep(-self._tokens / self._share)
+                # Wake when a tenth of the burst has come back, not as soon as the bucket is above zero:
+                # every wake-up costs CPU too, and tiny sleeps would spend the whole share on waking.
+                await asyncio.sleep((self.burst / 10 - self._tokens) / self.share)
 
     def _refill(self) -> None:
         wall, cpu = time.monotonic(), time.thread_time()
         if self._cpu is None:
             self._wall, self._cpu = wall, cpu
-        self._tokens = min(self._burst, self._tokens + (wall - self._wall) * self._share) - (cpu - self._cpu)
+        self._tokens = min(self.burst, self._tokens + (wall - self._wall) * self.share) - (cpu - self._cpu)
         self._wall, self._cpu = wall, cpu

@@ -78,8 +78,6 @@ DEFAULT_ADDRESS = "127.0.0.1"
 CPU_SHARE = 0.02
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
 CPU_BURST = 0.05
-#: Seconds a rendered exposition may be served again while the budget cannot pay for a new one.
-MAX_REUSE_AGE = 5.0
 # Level 1: a fifth of the size for a fraction of the CPU of gzip's default level 9.
 _GZIP_LEVEL = 1
 # Renderings kept for reuse, one per variant of request headers: a client sending a new Accept header
@@ -239,11 +237,11 @@ async def _send(send: Send, status: int, answer: Exposition, head: bool) -> None
 class _EndpointApp:
     """:func:`start_http_server`'s app: :func:`make_asgi_app` within a CPU budget.
 
-    Every request waits while the loop thread has used more than its share. A request the budget can
-    pay a new rendering for gets one; otherwise it gets the last rendering of the same variant (format,
-    compression, names) if that is at most :data:`MAX_REUSE_AGE` seconds old. Under a normal scrape
-    rate every answer is fresh; under a flood the answers are a little old instead of the serving
-    process slow.
+    Every request waits while the loop thread has used more than its share. While the budget is more
+    than half full every answer is rendered afresh. Below that (a flood of scrapes), a rendering is
+    reused for requests of the same variant (format, compression, names) until it is as old as the time
+    half the share takes to pay for it (with a 4 ms rendering and a 2 % share, 0.4 s): renderings then
+    take at most half the share, and the answers are a little old instead of the serving process slow.
     """
 
     def __init__(self, registry: Collector, budget: CpuBudget) -> None:
@@ -271,9 +269,10 @@ class _EndpointApp:
     def _exposition(self, variant: tuple[str, str, str]) -> Exposition:
         now = time.monotonic()
         previous = self._renders.get(variant)
-        reusable = previous is not None and now - previous[0] <= MAX_REUSE_AGE
-        if reusable and not self._budget.affords(self._render_cpu):
-            return previous[1]
+        if previous is not None and not self._budget.affords(self._budget.burst / 2):
+            payback = self._render_cpu / (self._budget.share / 2)
+            if now - previous[0] < payback:
+                return previous[1]
         started = time.thread_time()
         answer = render(self._registry, *variant)
         self._render_cpu = time.thread_time() - started
