@@ -1,9 +1,11 @@
-"""The HTTP layer of both metrics endpoints: uvicorn's HTTP/1.1 protocol (h11) on one asyncio loop.
+"""The HTTP layer of both metrics endpoints: uvicorn's HTTP/1.1 protocol (httptools) on one asyncio loop.
 
 Chosen by measurement against cheroot, waitress and the standard library's threaded servers
 (docs/benchmarks.md, "HTTP servers"): one thread serves every connection, so a thousand slow or
-silent clients cost memory, not threads, and cannot hold up a scrape; asyncio sets TCP_NODELAY, so a
+silent clients cost memory, not threads, and cannot hold up a scrape; TCP_NODELAY is set, so a
 keep-alive or TLS scrape is not held back 40 ms by Nagle's algorithm; TLS is the standard library's.
+Of uvicorn's two HTTP/1.1 parsers, httptools (llhttp, in C) takes half the CPU of h11 per request, which
+matters inside a serving process, where the endpoint's CPU is taken from the model's Python thread.
 
 What this module adds to uvicorn's protocol, none of which uvicorn does by itself:
 
@@ -14,6 +16,7 @@ What this module adds to uvicorn's protocol, none of which uvicorn does by itsel
   client that never reads); such a connection is aborted, its buffers freed;
 * a **connection cap** (``Limits.max_connections``, below the process's file-descriptor limit), so that a
   flood of connections cannot take the descriptors NVML and /proc reads need;
+* a **request-head limit** (``Limits.max_head_bytes``): llhttp itself has none;
 * no access log, no ``Server`` header, and uvicorn's per-connection messages on the caller's logger
   instead of ``uvicorn.error``: inside a serving process that runs uvicorn itself, the metrics endpoint
   must not write into its access log nor change its loggers.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import resource
 import socket
@@ -37,9 +41,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 Scope = MutableMapping[str, Any]
@@ -47,6 +50,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+_PR_SET_NAME = 15  # prctl(2)
 # Loop iterations between asyncio accepting a socket and the protocol's connection_made (plain TCP).
 _ACCEPT_TURNS = 4
 # Descriptors kept out of reach of HTTP clients: NVML, /proc reads, log files, the listening socket.
@@ -107,8 +111,8 @@ class _Settings:
     stopping: bool = False
 
 
-class _Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the limits of :class:`Limits` (see the module docstring)."""
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of :class:`Limits` (see the module docstring)."""
 
     def __init__(self, *args: Any, settings: _Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -118,6 +122,7 @@ class _Protocol(H11Protocol):
         self._limits = settings.limits
         self._request_deadline: asyncio.TimerHandle | None = None
         self._drain_deadline: asyncio.TimerHandle | None = None
+        self._head_bytes: int | None = None  # bytes of a request head being received, None between heads
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -140,9 +145,23 @@ class _Protocol(H11Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes is not None and not self.transport.is_closing():
+            # llhttp sets no limit on a request head: count what arrived while one is incomplete.
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limits.max_head_bytes:
+                self.logger.warning("request head over %d bytes: answered 400", self._limits.max_head_bytes)
+                self.send_400_response("Request head too large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
         if self._request_deadline is None:
             self._request_deadline = self.loop.call_later(self._limits.request_timeout, self._too_slow)
-        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         self._cancel_request_deadline()
@@ -151,9 +170,9 @@ class _Protocol(H11Protocol):
         if self._drain_deadline is None and self.transport.get_write_buffer_size():
             self._drain_deadline = self.loop.call_later(self._limits.request_timeout, self._not_drained)
         super().on_response_complete()
-        # A pipelined request, already (partly) received or already being answered, runs on its own deadline.
-        pipelined = self.conn.trailing_data[0] or not self.cycle.response_complete
-        if not self.transport.is_closing() and pipelined and self._request_deadline is None:
+        # A pipelined request, queued, being answered or partly received, runs on a deadline of its own.
+        pending = self.pipeline or self._head_bytes is not None or not self.cycle.response_complete
+        if pending and not self.transport.is_closing():
             self._request_deadline = self.loop.call_later(self._limits.request_timeout, self._too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -165,7 +184,6 @@ class _Protocol(H11Protocol):
     def timeout_keep_alive_handler(self) -> None:
         # close() would wait for unsent bytes forever if the client does not read; abort() frees them.
         if not self.transport.is_closing():
-            self.conn.send(h11.ConnectionClosed())
             self.transport.abort()
 
     def shutdown(self) -> None:
@@ -212,7 +230,7 @@ class HttpServer:
         self._app = app
         self._config = uvicorn.Config(
             self._guarded,
-            http="h11",
+            http="httptools",
             ws="none",
             lifespan="off",
             interface="asgi3",
@@ -221,7 +239,6 @@ class HttpServer:
             server_header=False,
             date_header=False,
             timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]
-            h11_max_incomplete_event_size=self.limits.max_head_bytes,
         )
         self._config.load()
         self._state = ServerState()
@@ -350,6 +367,7 @@ class ServerThread:
             raise self._error
 
     def _run(self) -> None:
+        _name_os_thread(self._thread.name)
         asyncio.run(self._main())
 
     async def _main(self) -> None:
@@ -378,36 +396,45 @@ class ServerThread:
         return self._loop
 
 
-class CpuBudget:
-    """A share of one core for the thread that awaits it: a token bucket of CPU seconds.
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` where the OS shows it (``top -H``, ``/proc/PID/task/*/comm``), so
+    that the endpoint's thread can be found in a serving process; Linux only, best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
-    The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every call drains it by the
-    CPU time the thread used since the previous call (``time.thread_time()``: request parsing, rendering,
-    TLS, everything the loop did). :meth:`acquire` waits while it is empty, one waiter at a time, so a
-    client scraping in a loop is slowed down instead of taking a core from the serving process.
+
+class CpuBudget:
+    """A share of one core: a token bucket of CPU seconds.
+
+    The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every look drains it by the
+    CPU time ``clock`` counted since the previous look. By default ``clock`` is ``time.thread_time``: the
+    CPU of the thread that uses the budget (request parsing, rendering, everything its loop did); a
+    caller may count something narrower instead, such as the CPU its renderings took. :meth:`acquire`
+    waits while the bucket is empty, one waiter at a time, so a client scraping in a loop is slowed down
+    instead of taking a core from the serving process.
     """
 
-    def __init__(self, share: float, burst: float) -> None:
+    def __init__(self, share: float, burst: float, clock: Callable[[], float] = time.thread_time) -> None:
         if not 0 < share <= 1 or burst <= 0:
             raise ValueError(f"a CPU budget needs 0 < share <= 1 and burst > 0, got {share} and {burst}")
         self.share = share
         self.burst = burst
+        self._clock = clock
         self._tokens = burst
         self._wall = 0.0
-        self._cpu: float | None = None  # read first in the thread that uses the budget
+        self._used: float | None = None  # read first in the thread that uses the budget
         self._lock: asyncio.Lock | None = None
 
     def available(self) -> bool:
-        """Whether the thread is within its share now (the bucket is not empty)."""
-        return self.affords(0.0)
-
-    def affords(self, cpu_seconds: float) -> bool:
-        """Whether the bucket holds more than ``cpu_seconds`` now."""
+        """Whether the bucket is not empty now."""
         self._refill()
-        return self._tokens > cpu_seconds
+        return self._tokens > 0
 
     async def acquire(self) -> None:
         """Return when the bucket is not empty; wait (without using CPU) while it is."""
+        if self.available() and (self._lock is None or not self._lock.locked()):
+            return
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -417,8 +444,8 @@ class CpuBudget:
                 await asyncio.sleep((self.burst / 10 - self._tokens) / self.share)
 
     def _refill(self) -> None:
-        wall, cpu = time.monotonic(), time.thread_time()
-        if self._cpu is None:
-            self._wall, self._cpu = wall, cpu
-        self._tokens = min(self.burst, self._tokens + (wall - self._wall) * self.share) - (cpu - self._cpu)
-        self._wall, self._cpu = wall, cpu
+        wall, used = time.monotonic(), self._clock()
+        if self._used is None:
+            self._wall, self._used = wall, used
+        self._tokens = min(self.burst, self._tokens + (wall - self._wall) * self.share) - (used - self._used)
+        self._wall, self._used = wall, used

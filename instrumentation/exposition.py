@@ -74,10 +74,16 @@ DEFAULT_PORT = 8797
 DEFAULT_ADDRESS = "127.0.0.1"
 
 #: The share of one core :func:`start_http_server`'s thread may use, averaged, however it is scraped
-#: (docs/serving.md, "The metrics endpoint"): parsing, rendering, compressing, TLS.
-CPU_SHARE = 0.02
+#: (docs/serving.md, "The metrics endpoint"): parsing, rendering, compressing. The serving loop's Python
+#: thread loses about as much to it through the GIL (docs/benchmarks.md).
+CPU_SHARE = 0.025
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
-CPU_BURST = 0.05
+CPU_BURST = 0.1
+#: The part of a core renderings may take (the rest of CPU_SHARE answers requests): beyond, a rendering
+#: is served again to requests of the same kind instead of a new one (a 5 ms rendering: one a second).
+RENDER_SHARE = 0.005
+#: Rendering CPU seconds that may be spent at once after a quiet spell (about ten renderings).
+RENDER_BURST = 0.05
 # Level 1: a fifth of the size for a fraction of the CPU of gzip's default level 9.
 _GZIP_LEVEL = 1
 # Renderings kept for reuse, one per variant of request headers: a client sending a new Accept header
@@ -235,20 +241,21 @@ async def _send(send: Send, status: int, answer: Exposition, head: bool) -> None
 
 
 class _EndpointApp:
-    """:func:`start_http_server`'s app: :func:`make_asgi_app` within a CPU budget.
+    """:func:`start_http_server`'s app: :func:`make_asgi_app` within two CPU budgets.
 
-    Every request waits while the loop thread has used more than its share. While the budget is more
-    than half full every answer is rendered afresh. Below that (a flood of scrapes), a rendering is
-    reused for requests of the same variant (format, compression, names) until it is as old as the time
-    half the share takes to pay for it (with a 4 ms rendering and a 2 % share, 0.4 s): renderings then
-    take at most half the share, and the answers are a little old instead of the serving process slow.
+    Every request waits while the loop thread has used more than :data:`CPU_SHARE`. Every answer is
+    rendered afresh while renderings have used less than :data:`RENDER_SHARE`; beyond (several scrapes a
+    second), a request gets the last rendering of its variant (format, compression, names), at most the
+    time one rendering takes to pay back old (a 5 ms rendering: 1 s). The answers are then a little old
+    instead of the serving process slow; at a normal scrape rate they are always fresh.
     """
 
-    def __init__(self, registry: Collector, budget: CpuBudget) -> None:
+    def __init__(self, registry: Collector) -> None:
         self._registry = registry
-        self._budget = budget
-        self._render_cpu = 0.0  # CPU seconds the last rendering took
-        self._renders: dict[tuple[str, str, str], tuple[float, Exposition]] = {}  # -> (made at, exposition)
+        self._requests = CpuBudget(CPU_SHARE, CPU_BURST)
+        self._rendered = 0.0  # CPU seconds every rendering took, together
+        self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
+        self._renders: dict[tuple[str, str, str], Exposition] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -257,7 +264,7 @@ class _EndpointApp:
         if method not in ("GET", "HEAD"):
             await _send(send, 405, _method_not_allowed(), head=method == "HEAD")
             return
-        await self._budget.acquire()
+        await self._requests.acquire()
         headers = _request_headers(scope)
         variant = (
             headers.get("accept", ""),
@@ -267,17 +274,14 @@ class _EndpointApp:
         await _send(send, 200, self._exposition(variant), head=method == "HEAD")
 
     def _exposition(self, variant: tuple[str, str, str]) -> Exposition:
-        now = time.monotonic()
         previous = self._renders.get(variant)
-        if previous is not None and not self._budget.affords(self._budget.burst / 2):
-            payback = self._render_cpu / (self._budget.share / 2)
-            if now - previous[0] < payback:
-                return previous[1]
+        if previous is not None and not self._rendering.available():
+            return previous
         started = time.thread_time()
         answer = render(self._registry, *variant)
-        self._render_cpu = time.thread_time() - started
+        self._rendered += time.thread_time() - started
         self._renders.pop(variant, None)
-        self._renders[variant] = (now, answer)
+        self._renders[variant] = answer
         if len(self._renders) > _RENDERS_KEPT:
             del self._renders[next(iter(self._renders))]  # the least recently rendered
         return answer
@@ -333,7 +337,7 @@ def start_http_server(
                 exc.errno, f"cannot serve metrics on {addr}:{port}: the address is already in use"
             ) from exc
         raise ListenError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
-    app = _EndpointApp(registry, CpuBudget(CPU_SHARE, CPU_BURST))
-    thread = ServerThread(HttpServer(app, sock, log), name="inferwatch-metrics")
+    app = _EndpointApp(registry)
+    thread = ServerThread(HttpServer(app, sock, log), name="inferwatch-http")
     thread.start()
     return MetricsServer(address=addr, port=thread.server.port, _thread=thread)

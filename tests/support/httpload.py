@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -199,14 +200,32 @@ async def slow_client(target: Target, until: float, byte_every: float | None, ou
 
 
 class ProcessWatch:
-    """Threads, RSS and CPU time of a server process, sampled while a scenario runs."""
+    """Threads, RSS and CPU time of a server process, sampled while a scenario runs; with ``thread``, also
+    the CPU time of the process's thread of that OS name (``/proc/PID/task/*/comm``)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, thread: str | None = None) -> None:
         self.process = psutil.Process(pid)
         self.threads_max = 0
         self.rss_max = 0
+        self._tid = self._find(thread) if thread else None
         self._cpu_start = self._cpu()
+        self._thread_start = self._thread_cpu()
         self._started = time.monotonic()
+
+    def _find(self, name: str) -> int | None:
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                if (task / "comm").read_text().strip() == name:
+                    return int(task.name)
+        return None
+
+    def _thread_cpu(self) -> float:
+        if self._tid is None:
+            return 0.0
+        for thread in self.process.threads():
+            if thread.id == self._tid:
+                return thread.user_time + thread.system_time
+        return 0.0
 
     def _cpu(self) -> float:
         times = self.process.cpu_times()
@@ -221,11 +240,16 @@ class ProcessWatch:
 
     def summary(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self._started
-        return {
+        out = {
             "threads_max": self.threads_max,
             "rss_max_mb": round(self.rss_max / 2**20, 1),
             "cpu_percent_of_core": round(100 * (self._cpu() - self._cpu_start) / elapsed, 1),
         }
+        if self._tid is not None:
+            out["thread_cpu_percent_of_core"] = round(
+                100 * (self._thread_cpu() - self._thread_start) / elapsed, 2
+            )
+        return out
 
 
 async def gather_until(until: float, *jobs: Awaitable[Any]) -> None:

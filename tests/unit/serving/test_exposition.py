@@ -211,7 +211,7 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorR
     for i in range(60):
         Histogram(f"llm_test_histogram_{i}", "A histogram.", registry=registry).observe(0.1)
     with start_http_server(0, registry=registry) as server:
-        (thread,) = [t for t in threading.enumerate() if t.name == "inferwatch-metrics"]
+        (thread,) = [t for t in threading.enumerate() if t.name == "inferwatch-http"]
         clock = time.pthread_getcpuclockid(thread.ident)
         with Load(Target("127.0.0.1", server.port), scrapers=50) as load:
             load.wait_for(20)
