@@ -37,7 +37,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -334,6 +334,31 @@ class HttpServer:
     @property
     def connections(self) -> int:
         return len(self._state.connections)
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """An ASGI request's headers by lower-case name; repeated ones joined with commas (RFC 9110 5.3)."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+async def respond(
+    send: Send, status: int, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool = False
+) -> None:
+    """An ASGI response with ``Content-Length``; for a HEAD request (``head``) the same headers and no
+    body, whatever the server does with a body it is handed."""
+    fields = [*headers, ("Content-Length", str(len(body)))]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in fields],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if head else body})
 
 
 class Server(Protocol):

@@ -13,11 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
-from inferwatch.common.httpserver import HttpServer, Limits, Receive, Scope, Send, bind
+from inferwatch.common.httpserver import (
+    HttpServer,
+    Limits,
+    Receive,
+    Scope,
+    Send,
+    bind,
+    request_headers,
+    respond,
+)
 from inferwatch.common.lograte import RateLimit
 
 from .errors import ListenError
@@ -90,37 +98,39 @@ class ExporterServer:
     # --- the ASGI application ----------------------------------------------------------------------------
 
     async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope["headers"])
-        method = scope["method"]
-        if method not in ("GET", "HEAD"):
-            await self._reply(send, 405, b"Method not allowed\n", extra=[("Allow", "GET, HEAD")])
-            return
+        status, body, headers = await self._answer(scope)
+        head = scope["method"] == "HEAD"
+        await respond(send, status, [*headers, *self.web.headers], body, head=head)
+
+    async def _answer(self, scope: Scope) -> tuple[int, bytes, list[tuple[str, str]]]:
+        """Status, body and headers (the web config's come on top) of the answer to a request."""
+        if scope["method"] not in ("GET", "HEAD"):
+            return 405, b"Method not allowed\n", [("Content-Type", _TEXT), ("Allow", "GET, HEAD")]
+        headers = request_headers(scope)
         auth = self.web.auth
         verdict = "ok" if auth is None else await self._authorize(auth, headers.get("authorization"))
         if verdict == "busy":
-            await self._reply(send, 503, b"Too many password checks at once\n", extra=[("Retry-After", "1")])
-            return
+            return 503, b"Too many password checks at once\n", [("Content-Type", _TEXT), ("Retry-After", "1")]
         if verdict != "ok":
-            challenge = [("WWW-Authenticate", 'Basic realm="inferwatch"')]
-            await self._reply(send, 401, b"Unauthorized\n", extra=challenge)
-            return
+            challenge = ("WWW-Authenticate", 'Basic realm="inferwatch"')
+            return 401, b"Unauthorized\n", [("Content-Type", _TEXT), challenge]
         path = urlsplit(scope["path"]).path
         if path == self.telemetry_path:
             body = self.exposition.render(headers.get("accept"), headers.get("accept-encoding"))
-            extra = [("Content-Encoding", "gzip")] if body.gzipped else []
-            await self._reply(send, 200, body.data, body.content_type, [*extra, ("Vary", "Accept-Encoding")])
-        elif path == "/-/healthy":
-            await self._reply(send, 200, b"Healthy\n")
-        elif path == "/-/ready":
+            fields = [("Content-Type", body.content_type), ("Vary", "Accept-Encoding")]
+            if body.gzipped:
+                fields.append(("Content-Encoding", "gzip"))
+            return 200, body.data, fields
+        if path == "/-/healthy":
+            return 200, b"Healthy\n", [("Content-Type", _TEXT)]
+        if path == "/-/ready":
             if self.ready.is_set():
-                await self._reply(send, 200, b"Ready\n")
-            else:
-                await self._reply(send, 503, b"Not ready: no collection has finished yet\n")
-        elif path == "/":
+                return 200, b"Ready\n", [("Content-Type", _TEXT)]
+            return 503, b"Not ready: no collection has finished yet\n", [("Content-Type", _TEXT)]
+        if path == "/":
             page = _LANDING.format(path=self.telemetry_path).encode()
-            await self._reply(send, 200, page, "text/html; charset=utf-8")
-        else:
-            await self._reply(send, 404, b"Not found\n")
+            return 200, page, [("Content-Type", "text/html; charset=utf-8")]
+        return 404, b"Not found\n", [("Content-Type", _TEXT)]
 
     async def _authorize(self, auth: BasicAuth, header: str | None) -> str:
         """``ok``, ``denied``, or ``busy`` when too many unremembered credentials wait for bcrypt."""
@@ -139,33 +149,3 @@ class ExporterServer:
         finally:
             self._bcrypt_waiting -= 1
         return "ok" if ok else "denied"
-
-    async def _reply(
-        self,
-        send: Send,
-        status: int,
-        body: bytes,
-        content_type: str = _TEXT,
-        extra: Iterable[tuple[str, str]] = (),
-    ) -> None:
-        """The response; uvicorn leaves the body out for HEAD, with the Content-Length of the GET."""
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra]
-        headers += self.web.headers
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """Request headers by lower-case name; repeated ones joined with commas (RFC 9110 5.3)."""
-    out: dict[str, str] = {}
-    for name, value in raw:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        out[key] = f"{out[key]}, {text}" if key in out else text
-    return out

@@ -41,6 +41,8 @@ from inferwatch.common.httpserver import (
     Send,
     ServerThread,
     bind,
+    request_headers,
+    respond,
 )
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
@@ -201,7 +203,7 @@ def make_asgi_app(registry: Collector | None = None) -> Callable:
     async def metrics_app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        headers = _request_headers(scope)
+        headers = request_headers(scope)
         if scope["method"] in ("GET", "HEAD"):
             status, answer = (
                 200,
@@ -219,25 +221,8 @@ def make_asgi_app(registry: Collector | None = None) -> Callable:
     return metrics_app
 
 
-def _request_headers(scope: Scope) -> dict[str, str]:
-    """Request headers by lower-case name; repeated ones joined with commas (RFC 9110 5.3)."""
-    out: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-        out[name] = f"{out[name]}, {value}" if name in out else value
-    return out
-
-
 async def _send(send: Send, status: int, answer: Exposition, head: bool) -> None:
-    headers = [*answer.headers, ("Content-Length", str(len(answer.body)))]
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": b"" if head else answer.body})
+    await respond(send, status, answer.headers, answer.body, head=head)
 
 
 class _EndpointApp:
@@ -265,7 +250,7 @@ class _EndpointApp:
             await _send(send, 405, _method_not_allowed(), head=method == "HEAD")
             return
         await self._requests.acquire()
-        headers = _request_headers(scope)
+        headers = request_headers(scope)
         variant = (
             headers.get("accept", ""),
             headers.get("accept-encoding", ""),

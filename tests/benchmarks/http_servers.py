@@ -13,11 +13,13 @@ meets the same clients, one scenario after another:
   one byte a second (a slowloris), beside a probe scraping 5 times a second on new connections;
 * ``silent1000``: 1000 connections that send nothing, beside the same probe.
 
+uvicorn runs with each of its two HTTP/1.1 parsers, h11 (pure Python) and httptools (llhttp, in C).
+
 The candidates live outside the project's dependencies; install them into any virtual environment and
 point ``--python`` at it::
 
     python3 -m venv /tmp/cand
-    /tmp/cand/bin/pip install cheroot waitress uvicorn h11 prometheus-client psutil bcrypt
+    /tmp/cand/bin/pip install cheroot waitress uvicorn h11 httptools prometheus-client psutil bcrypt
     python tests/benchmarks/http_servers.py --python /tmp/cand/bin/python --json http-servers.json   # ~10 min
 """
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.support import httpload as loadgen
 from tests.support.httpload import Hostile, Latencies, ProcessWatch, Target
 
-CANDIDATES = ("stdlib", "cheroot", "waitress", "uvicorn")
+CANDIDATES = ("stdlib", "cheroot", "waitress", "uvicorn-h11", "uvicorn-httptools")
 IDLE_LIMIT_S = 5
 THREADS = 4
 BACKLOG = 1024
@@ -104,14 +106,14 @@ def serve(name: str, port: int, cert: str | None, key: str | None) -> None:
             backlog=BACKLOG,
             _quiet=True,
         )
-    elif name == "uvicorn":
+    elif name.startswith("uvicorn-"):
         import uvicorn
 
         uvicorn.run(
             asgi_app,
             host="127.0.0.1",
             port=port,
-            http="h11",
+            http=name.removeprefix("uvicorn-"),
             lifespan="off",
             access_log=False,
             log_level="warning",
@@ -152,7 +154,14 @@ async def scenario_scrapers(target: Target, pid: int, count: int, seconds: float
     if period:  # spread the scrapers over the period rather than firing all at once
         jobs = [_after(i * period / count, job) for i, job in enumerate(jobs)]
     await asyncio.gather(watch.run(until), *jobs)
-    return {**out.summary(), "throughput_per_s": round(len(out.seconds) / seconds, 1), **watch.summary()}
+    process = watch.summary()
+    cpu_seconds = process["cpu_percent_of_core"] / 100 * seconds
+    return {
+        **out.summary(),
+        "throughput_per_s": round(len(out.seconds) / seconds, 1),
+        "server_cpu_us_per_request": round(1e6 * cpu_seconds / max(len(out.seconds), 1), 1),
+        **process,
+    }
 
 
 async def _after(delay: float, job: Any) -> Any:
@@ -177,7 +186,7 @@ async def scenario_hostile(
 
 def measure(name: str, python: str, cert: Path, key: Path, quick: bool) -> dict[str, Any]:
     scale = 0.5 if quick else 1.0
-    result: dict[str, Any] = {"tls": name in ("cheroot", "uvicorn")}
+    result: dict[str, Any] = {"tls": name == "cheroot" or name.startswith("uvicorn-")}
     if result["tls"]:
         with server_process(python, name, cert, key) as (port, _):
             tls = Target("127.0.0.1", port, tls=tls_client_context(cert))
@@ -255,7 +264,7 @@ def versions(python: str) -> dict[str, str]:
     code = (
         "import importlib.metadata as m, json, platform\n"
         "out = {'python': platform.python_version()}\n"
-        "for d in ('cheroot', 'waitress', 'uvicorn', 'h11', 'prometheus-client'):\n"
+        "for d in ('cheroot', 'waitress', 'uvicorn', 'h11', 'httptools', 'prometheus-client'):\n"
         "    try: out[d] = m.version(d)\n"
         "    except m.PackageNotFoundError: out[d] = 'not installed'\n"
         "print(json.dumps(out))\n"
@@ -279,6 +288,7 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
             lambda r: _pair(r["closed200"], "throughput_per_s", "p99_ms"),
         ),
         ("200 back to back: errors", lambda r: r["closed200"]["errors"]),
+        ("server CPU per request, µs (back to back)", lambda r: r["closed200"]["server_cpu_us_per_request"]),
     ]
     for label in ("trickle1000", "trickle1000_fast", "silent1000"):
         rows += [
