@@ -1,7 +1,8 @@
 """inferwatch's two metrics endpoints under the loads of issue 15, optionally beside an older release.
 
-``exporter``: ``inferwatch-exporter`` over the NVML stand-in (8 GPUs, 1 s polls, the timeout following
-the interval, as deployed), scraped by
+``exporter``: ``inferwatch-exporter`` over the NVML stand-in (8 GPUs), or the machine's GPUs through the
+real NVML with ``--real-nvml``, at 1 s polls with the timeout following the interval (as deployed),
+scraped by
 
 * one keep-alive connection back to back (Nagle's ~40 ms shows here), and over TLS, kept alive and
   a new connection per scrape;
@@ -54,16 +55,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 from tests.support import httpload as load  # noqa: E402
 from tests.support import parse_samples  # noqa: E402
-from tests.support.httpload import Hostile, Latencies, Load, ProcessWatch, Target  # noqa: E402
+from tests.support.httpload import (  # noqa: E402
+    Hostile,
+    Latencies,
+    Load,
+    ProcessWatch,
+    Target,
+    free_port,
+    wait_listening,
+)
 
 FAKE_NVML = "tests.unit.exporter.fake_nvml"
 GPUS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def environment(source: Path | None) -> dict[str, str]:
@@ -74,29 +77,19 @@ def environment(source: Path | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def wait_listening(port: int, popen: subprocess.Popen, log: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if popen.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise SystemExit(
-                    f"{popen.args} did not start:\n{log.read().decode(errors='replace')}"
-                ) from None
-            time.sleep(0.1)
+#: Set by ``--real-nvml``: the exporter reads the machine's GPUs instead of the stand-in's.
+REAL_NVML = False
 
 
 @contextmanager
 def exporter(source: Path | None, *extra: str) -> Iterator[tuple[int, subprocess.Popen]]:
     port = free_port()
-    env = {
-        **environment(source),
-        "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
-        "FAKE_NVML_SCENARIO": json.dumps({"gpus": GPUS}),
-    }
+    env = environment(source)
+    if not REAL_NVML:
+        env |= {
+            "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
+            "FAKE_NVML_SCENARIO": json.dumps({"gpus": GPUS}),
+        }
     cmd = [sys.executable, "-m", "inferwatch.exporter", f"--web.listen-address=127.0.0.1:{port}"]
     cmd += ["--collector.interval=1s", *extra]
     with tempfile.TemporaryFile() as log:
@@ -119,6 +112,7 @@ class GpuWatch:
         self.scrapes = 0
         self.failed = 0
         self.gpu_down = 0
+        self.gpus = 0  # GPUs the last scrape served
         self.hung = 0.0
 
     async def run(self, until: float) -> None:
@@ -135,6 +129,7 @@ class GpuWatch:
                 self.scrapes += 1
                 samples = list(parse_samples(text))
                 self.gpu_down += any(s.name == "gpu_up" and s.value == 0 for s in samples)
+                self.gpus = sum(s.name == "gpu_up" for s in samples)
                 self.hung = sum(
                     s.value
                     for s in samples
@@ -148,6 +143,7 @@ class GpuWatch:
         return {
             "probe_scrapes": self.scrapes,
             "probe_failures": self.failed,
+            "gpus_served": self.gpus,
             "scrapes_with_gpu_down": self.gpu_down,
             "hung_count": self.hung,
         }
@@ -269,22 +265,26 @@ def measure_signals(source: Path | None, tries: int) -> dict[str, Any]:
 # --- the instrumentation endpoint inside a serving process ------------------------------------------------
 
 
-def tokens(port: int) -> float:
-    """``llm_generation_tokens_total`` summed over models, read with one plain scrape."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := sock.recv(1 << 16):
-            data += chunk
-    text = data.split(b"\r\n\r\n", 1)[1].decode()
-    return sum(s.value for s in parse_samples(text) if s.name == "llm_generation_tokens_total")
+def tokens_per_second(requests: Path, start: float, end: float) -> float:
+    """The serving loop's rate between ``start`` and ``end`` (``time.monotonic()``, one clock for every
+    process), from the requests it logged as they finished. Not from the endpoint: under a flood it
+    may answer with a rendering up to a second old, which is the point of its budget."""
+    finished = []
+    for line in requests.read_text().splitlines():
+        when, total = line.split()
+        if start <= float(when) <= end:
+            finished.append((float(when), int(total)))
+    if len(finished) < 2:
+        return float("nan")
+    (first, before), (last, after) = finished[0], finished[-1]
+    return (after - before) / (last - first)
 
 
-async def window(port: int, pid: int, kind: str, seconds: float) -> dict[str, Any]:
+async def window(port: int, pid: int, requests: Path, kind: str, seconds: float) -> dict[str, Any]:
     target = Target("127.0.0.1", port)
     until = time.monotonic() + seconds
     out, watch, slow = Latencies(), ProcessWatch(pid, thread="inferwatch-http"), Hostile()
-    before, started = tokens(port), time.monotonic()
+    started = time.monotonic()
     jobs: list[Any] = [watch.run(until)]
     if kind == "scrapers50_paced":
         jobs += [_after(i / 50, load.keepalive_scraper(target, until, 1.0, out)) for i in range(50)]
@@ -294,12 +294,13 @@ async def window(port: int, pid: int, kind: str, seconds: float) -> dict[str, An
         jobs += [load.slow_client(target, until, 1.0, slow) for _ in range(1000)]
         jobs += [_after(1.0, load.fresh_scraper(target, until, 0.2, out))]
     await asyncio.gather(*jobs, asyncio.sleep(seconds))
-    rate = (tokens(port) - before) / (time.monotonic() - started)
+    rate = tokens_per_second(requests, started, time.monotonic())
     return {"kind": kind, "tokens_per_s": rate, "scrapes": out.summary(), **watch.summary()}
 
 
-def serve_model(port: int) -> None:
-    """The serving loop of the ``instrumentation`` part (``http_load.py serve-model PORT``)."""
+def serve_model(port: int, requests: Path) -> None:
+    """The serving loop of the ``instrumentation`` part (``http_load.py serve-model PORT FILE``): every
+    finished request appends ``<time.monotonic()> <tokens generated so far>`` to ``FILE``."""
     import torch
     from inferwatch.instrumentation import instrument
     from inferwatch.instrumentation.exposition import start_http_server
@@ -311,14 +312,20 @@ def serve_model(port: int) -> None:
     start_http_server(port)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(prompt)
-    with torch.inference_mode():
+    generated = 0
+    with torch.inference_mode(), requests.open("a", buffering=1) as log:
         while True:
             model.generate(prompt, attention_mask=mask, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+            generated += 32
+            log.write(f"{time.monotonic()} {generated}\n")
 
 
-def measure_instrumentation(source: Path | None, rounds: int, seconds: float) -> dict[str, Any]:
+def measure_instrumentation(
+    source: Path | None, rounds: int, seconds: float, workdir: Path
+) -> dict[str, Any]:
     port = free_port()
-    cmd = [sys.executable, __file__, "serve-model", str(port)]
+    requests = workdir / f"requests-{port}.log"
+    cmd = [sys.executable, __file__, "serve-model", str(port), str(requests)]
     kinds = ("scrapers50_paced", "scrapers50_flat_out", "trickle1000")
     windows: list[dict[str, Any]] = []
     with tempfile.TemporaryFile() as log:
@@ -326,16 +333,20 @@ def measure_instrumentation(source: Path | None, rounds: int, seconds: float) ->
         try:
             wait_listening(port, popen, log, timeout=120)
             deadline = time.monotonic() + 120
-            while tokens(port) == 0 and time.monotonic() < deadline:  # the model is built and generating
-                time.sleep(0.5)
+            while not (requests.exists() and requests.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.5)  # the model is built and generating
             time.sleep(seconds)  # warm-up
+
+            def measure(kind: str) -> dict[str, Any]:
+                return load.run(lambda: window(port, popen.pid, requests, kind, seconds))
+
             for round_ in range(rounds):
                 for kind in kinds:
                     # Each loaded window between two unscraped ones: the ratio to their mean cancels drift.
-                    windows.append(load.run(lambda: window(port, popen.pid, "unscraped", seconds)))
-                    windows.append(load.run(lambda kind=kind: window(port, popen.pid, kind, seconds)))
+                    windows.append(measure("unscraped"))
+                    windows.append(measure(kind))
                     print(f"  round {round_}: {kind} {windows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
-            windows.append(load.run(lambda: window(port, popen.pid, "unscraped", seconds)))
+            windows.append(measure("unscraped"))
         finally:
             popen.terminate()
             popen.wait(timeout=60)
@@ -375,7 +386,7 @@ def versions() -> dict[str, str]:
 
 def main() -> int:
     if sys.argv[1:2] == ["serve-model"]:
-        serve_model(int(sys.argv[2]))
+        serve_model(int(sys.argv[2]), Path(sys.argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="+", choices=("exporter", "signals", "instrumentation"))
@@ -384,8 +395,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of instrumentation windows (default 3)")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per instrumentation window")
     parser.add_argument("--quick", action="store_true", help="half the seconds of the exporter's scenarios")
+    parser.add_argument("--real-nvml", action="store_true", help="the exporter reads this machine's GPUs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
+    global REAL_NVML
+    REAL_NVML = args.real_nvml
     load.raise_fd_limit(8192)
     sources: dict[str, Path | None] = {"current": None}
     if args.baseline is not None:
@@ -394,6 +408,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
         "command": " ".join(sys.argv),
+        "nvml": "real" if args.real_nvml else f"stand-in, {GPUS} GPUs",
         "versions": versions(),
         "results": {},
     }
@@ -408,7 +423,7 @@ def main() -> int:
                 elif part == "signals":
                     results[part] = measure_signals(source, args.tries)
                 else:
-                    results[part] = measure_instrumentation(source, args.rounds, args.window)
+                    results[part] = measure_instrumentation(source, args.rounds, args.window, Path(tmp))
                 results[f"{part}_load_after"] = load.load_situation()
     print(json.dumps({k: _brief(v) for k, v in report["results"].items()}, indent=1))
     if args.json:

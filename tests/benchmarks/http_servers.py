@@ -219,14 +219,14 @@ def server_process(
     python: str, name: str, cert: Path | None = None, key: Path | None = None
 ) -> Iterator[tuple[int, int]]:
     """A candidate serving on a free port, as (port, pid); TLS when ``cert`` is given."""
-    port = loadgen_free_port()
+    port = loadgen.free_port()
     cmd = [python, __file__, "serve", name, str(port)]
     if cert is not None:
         cmd += [str(cert), str(key)]
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_up(port, server, log)
+            loadgen.wait_listening(port, server, log, timeout=30)
             yield port, server.pid
         finally:
             server.terminate()
@@ -235,29 +235,6 @@ def server_process(
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-
-
-def loadgen_free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_up(port: int, server: subprocess.Popen, log: Any) -> None:
-    import socket
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise SystemExit(f"server did not start:\n{log.read().decode(errors='replace')}") from None
-            time.sleep(0.2)
 
 
 def versions(python: str) -> dict[str, str]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+# A scrape that takes longer has failed at Prometheus (its default scrape timeout is 10 s): counted as an
+# error, so that a server whose backlog overflows cannot stall a scenario for minutes of SYN retries.
+CONNECT_TIMEOUT = 10.0
+ANSWER_TIMEOUT = 10.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -108,13 +115,19 @@ async def keepalive_scraper(target: Target, until: float, period: float, out: La
         started = time.perf_counter()
         try:
             if writer is None:
-                reader, writer = await connect(target)
-            status = await exchange(reader, writer, target)
+                reader, writer = await asyncio.wait_for(connect(target), CONNECT_TIMEOUT)
+            status = await asyncio.wait_for(exchange(reader, writer, target), ANSWER_TIMEOUT)
             if status != 200:
                 out.errors.append(f"HTTP {status}")
             else:
                 out.seconds.append(time.perf_counter() - started)
-        except (OSError, asyncio.IncompleteReadError, ValueError, asyncio.LimitOverrunError) as exc:
+        except (
+            OSError,
+            asyncio.IncompleteReadError,
+            ValueError,
+            asyncio.LimitOverrunError,
+            asyncio.TimeoutError,
+        ) as exc:
             out.errors.append(type(exc).__name__)
             if writer is not None:
                 writer.close()
@@ -133,9 +146,9 @@ async def fresh_scraper(target: Target, until: float, period: float, out: Latenc
     while time.monotonic() < until:
         started = time.perf_counter()
         try:
-            reader, writer = await asyncio.wait_for(connect(target), 30)
+            reader, writer = await asyncio.wait_for(connect(target), CONNECT_TIMEOUT)
             try:
-                status = await asyncio.wait_for(exchange(reader, writer, target), 30)
+                status = await asyncio.wait_for(exchange(reader, writer, target), ANSWER_TIMEOUT)
             finally:
                 writer.close()
             if status != 200:
@@ -172,7 +185,7 @@ async def slow_client(target: Target, until: float, byte_every: float | None, ou
     """Connect, then send a request head one byte every ``byte_every`` seconds (None: send nothing),
     and note when the server closes the connection."""
     try:
-        reader, writer = await asyncio.wait_for(connect(target), 30)
+        reader, writer = await asyncio.wait_for(connect(target), CONNECT_TIMEOUT)
     except (OSError, asyncio.TimeoutError, ssl.SSLError):
         out.failed_to_open += 1
         return
@@ -259,6 +272,28 @@ async def gather_until(until: float, *jobs: Awaitable[Any]) -> None:
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(scenario())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_listening(port: int, process: subprocess.Popen, log: Any, timeout: float = 60) -> None:
+    """Wait until ``process`` accepts connections on ``port``; exit with its output (``log``, a file) if
+    it ends or does not within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                output = log.read().decode(errors="replace")
+                raise SystemExit(f"{process.args} did not start:\n{output}") from None
+            time.sleep(0.1)
 
 
 def raise_fd_limit(wanted: int) -> None:
