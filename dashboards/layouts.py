@@ -1,7 +1,8 @@
 """The three dashboards of the design brief, as rows of panels from the modules of :mod:`.panels`.
 
 * Inference overview: what the serving process measures - latency percentiles, queueing, throughput,
-  errors, the queue/prefill/decode breakdown, KV cache, and how busy the model keeps its device.
+  errors, the queue/prefill/decode breakdown and the tokens of each step, KV cache (a paged cache's blocks
+  and preemptions too), and how busy the model keeps its device.
 * GPU hardware: what NVML says about every GPU - load, memory, power, temperature, clocks and why
   they are low, and the fault counters.
 * Diagnosis: the questions of the reference notes' bottleneck matrix and fault list, each answered by
@@ -86,8 +87,8 @@ def overview() -> models.Dashboard:
     return _dashboard(
         "inferwatch-overview",
         "inferwatch / Inference overview",
-        "Latency, queueing, throughput, errors, queue/prefill/decode time and KV cache of instrumented "
-        "models.",
+        "Latency, queueing, throughput, errors, queue/prefill/decode time and tokens, and KV cache of "
+        "instrumented models.",
         [
             (
                 "Latency",
@@ -117,6 +118,8 @@ def overview() -> models.Dashboard:
                     stat_panel(prefill_decode.batch_size()),
                     timeseries_panel(prefill_decode.queue_vs_prefill(), stacked=True),
                     timeseries_panel(prefill_decode.forward_time_by_phase()),
+                    timeseries_panel(prefill_decode.step_tokens(), min_value=0),
+                    timeseries_panel(prefill_decode.step_tokens_rate(), min_value=0, stacked=True),
                 ],
             ),
             (
@@ -124,7 +127,9 @@ def overview() -> models.Dashboard:
                 [
                     timeseries_panel(memory.kv_cache_bytes(), width=8, min_value=0),
                     timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
-                    timeseries_panel(memory.allocator_memory(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_blocks_used(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_preemptions(), min_value=0),
+                    timeseries_panel(memory.allocator_memory(), min_value=0),
                 ],
             ),
             (
@@ -143,7 +148,8 @@ def gpu_hardware() -> models.Dashboard:
     return _dashboard(
         "inferwatch-gpu",
         "inferwatch / GPU hardware",
-        "NVML view of every GPU: load, memory, power, temperature, clocks and why they are low, faults.",
+        "NVML view of every GPU: load, how busy the SMs really are (GPM), memory, power, temperature, "
+        "clocks and why they are low, faults.",
         [
             (
                 "Load and memory",
@@ -151,6 +157,15 @@ def gpu_hardware() -> models.Dashboard:
                     timeseries_panel(gpu_load.gpu_utilization(), width=8, min_value=0),
                     timeseries_panel(gpu_load.memory_bandwidth_utilization(), width=8, min_value=0),
                     timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
+                ],
+            ),
+            (
+                "Are the SMs really busy? (GPM)",
+                [
+                    timeseries_panel(gpu_load.sm_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.tensor_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.dram_activity(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.process_sm_utilization(), width=24, min_value=0),
                 ],
             ),
             (
@@ -187,7 +202,7 @@ def diagnosis() -> models.Dashboard:
         "inferwatch-diagnosis",
         "inferwatch / Diagnosis",
         "The bottleneck matrix side by side: latency next to clocks, memory next to OOMs, busy ratio "
-        "next to host CPU, and the health of the monitoring itself.",
+        "next to host CPU and SM activity, and the health of the monitoring itself.",
         [
             (
                 "Is latency following the clocks?",
@@ -207,6 +222,8 @@ def diagnosis() -> models.Dashboard:
                     timeseries_panel(memory.kv_cache_headroom(), width=8, min_value=0),
                     timeseries_panel(gpu_load.device_memory(), width=8, min_value=0),
                     timeseries_panel(memory.allocator_retries_and_ooms(), width=8, min_value=0),
+                    timeseries_panel(memory.kv_cache_blocks_used(), min_value=0),
+                    timeseries_panel(memory.kv_cache_preemptions(), min_value=0),
                     timeseries_panel(memory.allocator_memory(), width=24, min_value=0),
                 ],
             ),
@@ -216,6 +233,8 @@ def diagnosis() -> models.Dashboard:
                     timeseries_panel(efficiency.busy_ratio_vs_nvml(), width=8, min_value=0),
                     timeseries_panel(efficiency.serving_process_cpu(), width=8, min_value=0),
                     timeseries_panel(throughput.requests_running(), width=8, min_value=0),
+                    timeseries_panel(gpu_load.sm_activity(), width=12, min_value=0),
+                    timeseries_panel(gpu_load.tensor_activity(), width=12, min_value=0),
                 ],
             ),
             (

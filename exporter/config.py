@@ -18,7 +18,7 @@ from typing import Any
 from inferwatch.common.durations import parse_duration
 
 from .errors import ConfigError
-from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
+from .nvml import DEFAULT_NVML_MODULE, GPM_MIN_SECONDS, NVML_MODULE_ENV
 
 PROG = "inferwatch-exporter"
 ENV_PREFIX = "INFERWATCH_EXPORTER_"
@@ -39,6 +39,8 @@ class ExporterConfig:
     interval: float = 1.0
     timeout: float = 1.0
     pcie_throughput: bool = False
+    gpm: bool = True
+    gpm_window: float = 1.0
     processes: bool = True
     xid: bool = True
     host: bool = True
@@ -85,6 +87,14 @@ parse_timeout = bounded_duration("100ms", MAX_TIMEOUT)
 def parse_optional_timeout(value: str) -> float | None:
     """A collection timeout, or None for an empty value (unset: the poll interval)."""
     return parse_timeout(value) if value.strip() else None
+
+
+def parse_gpm_window(value: str) -> float:
+    """A duration no shorter than NVML's minimum between two GPM samples."""
+    seconds = parse_duration(value)
+    if seconds < GPM_MIN_SECONDS:
+        raise ValueError(f"{value!r} is shorter than {GPM_MIN_SECONDS * 1000:.0f}ms, NVML's minimum for GPM")
+    return seconds
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -217,6 +227,22 @@ OPTIONS = (
         "false",
         "PCIe TX/RX throughput; each reading blocks ~20 ms per direction and GPU",
         "bool",
+    ),
+    Option(
+        "--collector.gpm",
+        "gpm",
+        parse_bool,
+        "true",
+        "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
+        "bool",
+    ),
+    Option(
+        "--collector.gpm.window",
+        "gpm_window",
+        parse_gpm_window,
+        "1s",
+        "time between the two GPM samples each reading is a ratio over (at least 100ms)",
+        metavar="DURATION",
     ),
     Option(
         "--collector.processes",

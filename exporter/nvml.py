@@ -12,6 +12,10 @@ Error policy, per call (see :meth:`GpuContext.read`):
 * GPU lost: the rest of that GPU's collection is abandoned and ``gpu_up`` is 0 for it;
 * NVML itself gone (uninitialised, driver unloaded, version mismatch): the session is closed and reopened;
 * anything else: that series is left out this time and the error counted.
+
+GPM (GPU Performance Monitoring, Hopper and newer) reads profiling counters into sample buffers that NVML
+allocates; each GPU keeps its buffers in :attr:`GpuDevice.gpm` from one collection to the next and gives
+them back with :meth:`GpuDevice.release` when its session closes.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -71,6 +76,8 @@ _ERROR_LABELS = {
 }
 # The error label of a call that did not return within the collection deadline.
 HUNG = "hung"
+# The error label of a GPM metric that NVML computed as NaN (its two samples too close together).
+NAN = "nan"
 
 
 def error_label(code: int) -> str:
@@ -104,6 +111,13 @@ def union_value(value_type: int, value: Any) -> float:
 FIRMWARE_READINGS = ("gpu_utilization_samples", "memory_bandwidth_utilization_samples", "energy")
 
 
+# NVML needs the two GPM samples of a metric more than 100 ms apart ("due to the internal sample refresh
+# rate", nvmlGpmMetricsGet's documentation): on an H200, samples 20 ms apart gave 0 or NaN for everything.
+GPM_MIN_SECONDS = 0.1
+# NVML_GPM_METRICS_GET_VERSION: part of the C ABI, like the return codes.
+_GPM_METRICS_GET_VERSION = 1
+
+
 def handle_key(handle: Any) -> Hashable:
     """A hashable identity for a device handle: the address behind a ctypes pointer (two pointer objects
     to one device compare unequal), or the handle itself for bindings whose handles are plain objects."""
@@ -111,6 +125,24 @@ def handle_key(handle: Any) -> Hashable:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (TypeError, ctypes.ArgumentError):
         return handle
+
+
+@dataclass(eq=False)
+class GpmBuffers:
+    """The two GPM sample buffers of one GPU or GPU instance: the sample that opened the current window,
+    and a spare that the sample closing it is read into. They swap roles at every closed window, so a GPU
+    holds two buffers for the life of its session however long it runs."""
+
+    opened: Any
+    spare: Any
+    opened_at: float | None = None  # monotonic time of the opening sample; None until one was read
+    collection: int = 0  # the device's collection that last used them: a gap means the window is broken
+    values: dict[int, float] = field(default_factory=dict)  # metric id -> value of the last closed window
+
+    def close_window(self, at: float, values: dict[int, float]) -> None:
+        """The spare now holds the sample that closed the window at ``at``: it opens the next one."""
+        self.opened, self.spare = self.spare, self.opened
+        self.opened_at, self.values = at, values
 
 
 class GpuLost(Exception):
@@ -135,10 +167,26 @@ class GpuDevice:
     # Per-collector memory between polls (e.g. the newest utilization sample already averaged).
     state: dict[str, Any] = field(default_factory=dict)
     collections: int = 0  # collections started on this GPU: whose turn a firmware reading is
+    # GPM sample buffers by GPU instance (None: the whole GPU), allocated by NVML: see release().
+    gpm: dict[int | None, GpmBuffers] = field(default_factory=dict)
 
     @property
     def labels(self) -> tuple[str, str]:
         return (str(self.index), self.uuid)
+
+    def release(self, nvml: ModuleType, instances: Iterable[int | None] | None = None) -> None:
+        """Give NVML back the GPM buffers of ``instances`` (None: of the GPU and every instance).
+
+        Must run while NVML is initialised and while no collection of this GPU runs (the buffers are in
+        use during one). A free that fails is logged: nothing else can be done about it.
+        """
+        for key in list(self.gpm if instances is None else instances):
+            buffers = self.gpm.pop(key, None)
+            for handle in (buffers.opened, buffers.spare) if buffers else ():
+                try:
+                    nvml.nvmlGpmSampleFree(handle)
+                except (nvml.NVMLError, AttributeError) as exc:
+                    log.debug("GPU %d: nvmlGpmSampleFree failed: %s", self.index, exc)
 
 
 class GpuContext:
@@ -255,16 +303,116 @@ class GpuContext:
         for fv in values or ():
             if fv.nvmlReturn == SUCCESS:
                 out[fv.fieldId] = union_value(fv.valueType, fv.value)
-            elif fv.nvmlReturn in _UNSUPPORTED:
-                self.device.unsupported.add(("field", fv.fieldId))
-                self._errors.add(call, error_label(fv.nvmlReturn))
             else:
-                self._errors.add(call, error_label(fv.nvmlReturn))
+                self._item_failed(call, "field", fv.fieldId, fv.nvmlReturn)
         return out
 
+    def read_process_utilization(self, last_seen_us: int) -> list[Any] | None:
+        """``nvmlDeviceGetProcessUtilization``: the per-process samples newer than ``last_seen_us``, ``[]``
+        when there are none, None when the call failed or is not supported.
+
+        NVML answers NOT_FOUND when no process was busy since then, and pynvml raises an error carrying
+        SUCCESS when the driver's buffer is empty: both mean no samples.
+        """
+        call = "nvmlDeviceGetProcessUtilization"
+        if (call,) in self.device.unsupported:
+            return None
+        handle = self.device.handle
+        quiet = (ERROR_NOT_FOUND, SUCCESS)
+        return self._call(call, (call,), lambda fn: fn(handle, last_seen_us), quiet, learn=True, on_quiet=[])
+
+    # --- GPM ---------------------------------------------------------------------------------------------
+
+    def gpm_supported(self) -> bool:
+        """Whether the GPU has GPM. One without it is learned as not supported, and counted, once."""
+        call = "nvmlGpmQueryDeviceSupport"
+        if self.is_unsupported(call):
+            return False
+        support = self.cached(call)
+        if support is None:
+            return False
+        if not support.isSupportedDevice:
+            self._learn((call,), call, ERROR_NOT_SUPPORTED, learn=True)
+            return False
+        return True
+
+    def gpm_buffers(self, instance: int | None) -> GpmBuffers | None:
+        """The GPM buffers of the GPU (``instance`` None) or of one of its GPU instances, allocated by
+        NVML on first use and kept in :attr:`GpuDevice.gpm`; None when NVML could not allocate them."""
+        buffers = self.device.gpm.get(instance)
+        if buffers is not None:
+            return buffers
+        call = "nvmlGpmSampleAlloc"
+        if self.is_unsupported(call):
+            return None
+        pair = [self._call(call, (call,), lambda fn: fn(), (), learn=True) for _ in range(2)]
+        if None in pair:
+            for handle in pair:
+                if handle is not None:
+                    self._call("nvmlGpmSampleFree", (), lambda fn, h=handle: fn(h), (), learn=False)
+            return None
+        buffers = self.device.gpm[instance] = GpmBuffers(*pair)
+        return buffers
+
+    def gpm_sample(self, buffer: Any, instance: int | None) -> bool:
+        """Read a GPM sample of the GPU, or of GPU instance ``instance``, into ``buffer``."""
+        handle = self.device.handle
+        if instance is None:
+            call, invoke = "nvmlGpmSampleGet", lambda fn: fn(handle, buffer)
+        else:
+            call, invoke = "nvmlGpmMigSampleGet", lambda fn: fn(handle, instance, buffer)
+        if self.is_unsupported(call):
+            return False
+        return self._call(call, (call,), invoke, (), learn=True) is not None
+
+    def gpm_metrics(self, first: Any, second: Any, metric_ids: Sequence[int]) -> dict[int, float]:
+        """``nvmlGpmMetricsGet`` between two samples: metric id -> value, in NVML's units.
+
+        Each metric carries its own return code: one the GPU does not support is learned and not asked for
+        again; one that failed, or came back NaN (samples too close together), is left out and counted.
+        """
+        call = "nvmlGpmMetricsGet"
+        wanted = [m for m in metric_ids if ("gpm_metric", m) not in self.device.unsupported]
+        if not wanted or self.is_unsupported(call):
+            return {}
+        request_type = getattr(self.nvml, "c_nvmlGpmMetricsGet_t", None)
+        if request_type is None:  # a binding older than GPM
+            self._learn((call,), call, ERROR_FUNCTION_NOT_FOUND, learn=True)
+            return {}
+        request = request_type()
+        request.version = _GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1, request.sample2 = first, second
+        for slot, metric_id in enumerate(wanted):
+            request.metrics[slot].metricId = metric_id
+        answer = self._call(call, (call,), lambda fn: fn(request), (), learn=True)
+        out: dict[int, float] = {}
+        for metric in answer.metrics[: len(wanted)] if answer is not None else ():
+            if metric.nvmlReturn != SUCCESS:
+                self._item_failed(call, "gpm_metric", metric.metricId, metric.nvmlReturn)
+            elif math.isnan(metric.value):
+                self._errors.add(call, NAN)
+            else:
+                out[metric.metricId] = float(metric.value)
+        return out
+
+    def _item_failed(self, call: str, kind: str, item: int, code: int) -> None:
+        """One item of a call that answers several (a field value, a GPM metric) failed with ``code``; an
+        item the GPU does not support is learned and not asked for again."""
+        if code in _UNSUPPORTED:
+            self.device.unsupported.add((kind, item))
+        self._errors.add(call, error_label(code))
+
     def _call(
-        self, call: str, key: Hashable, invoke: Callable[[Any], Any], quiet: Sequence[int], learn: bool
+        self,
+        call: str,
+        key: Hashable,
+        invoke: Callable[[Any], Any],
+        quiet: Sequence[int],
+        learn: bool,
+        on_quiet: Any = None,
     ) -> Any:
+        """``invoke(nvml.<call>)`` under the error policy; ``on_quiet`` is the answer for a ``quiet`` code."""
         fn = getattr(self.nvml, call, None)
         if fn is None:  # a binding older than the call
             self._learn(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
@@ -275,7 +423,7 @@ class GpuContext:
         except self.nvml.NVMLError as exc:
             code = exc.value
             if code in quiet:
-                return None
+                return on_quiet
             if code in _UNSUPPORTED:
                 self._learn(key, call, code, learn)
                 return None
@@ -328,7 +476,17 @@ class NvmlSession:
             nvml.nvmlShutdown()
             raise
 
-    def close(self) -> None:
+    def close(self, busy: Collection[GpuDevice] = ()) -> None:
+        """Give back what NVML allocated for the GPUs (GPM buffers), then shut NVML down.
+
+        ``busy`` GPUs have a thread stuck inside NVML: their buffers are left alone, and so is NVML, since
+        shutting it down under a thread stuck in it is asking for a crash.
+        """
+        for device in self.devices:
+            if device not in busy:
+                device.release(self.nvml)
+        if busy:
+            return
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as exc:

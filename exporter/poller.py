@@ -411,6 +411,6 @@ class Poller:
             self._xid_watcher = None
         if session is None:
             return
-        # Shutting NVML down under a thread stuck inside it is asking for a crash: leave it initialised.
-        if not any(job.outcome is Outcome.RUNNING for job in self._jobs.values()):
-            session.close()
+        # A stuck job may belong to an earlier session (jobs are kept by UUID): its device still counts.
+        stuck = {job.context.device for job in self._jobs.values() if job.outcome is Outcome.RUNNING}
+        session.close(busy=stuck)

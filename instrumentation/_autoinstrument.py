@@ -16,8 +16,9 @@ request handed to a model's generate manager is instrumented at once and counted
 ``llm_requests_waiting``, and the job it queues for the single inference thread carries the request's
 context there, so ``generate`` is timed from the arrival.
 
-A model is not instrumented there but at its first ``generate`` call, through a stand-in ``generate``
-on the instance (:class:`InstrumentOnFirstGenerate`): by then the model is on the device and in the
+A model is not instrumented there but at its first ``generate`` or ``init_continuous_batching`` call
+(continuous batching: ``generate_batch``, ``transformers serve --continuous-batching``), through stand-ins
+on the instance (:class:`InstrumentOnFirstCall`): by then the model is on the device and in the
 dtype it serves with, a checkpoint's custom ``generate`` is in place, and a model that is only built to
 be saved, converted or trained is never instrumented at all. If the program instruments a model
 itself before its first ``generate``, the stand-in only passes calls through. Only generating models
@@ -259,57 +260,75 @@ def _is_generating_model(model: Any) -> bool:
     return isinstance(model, GenerationMixin) and not getattr(config, "is_encoder_decoder", False)
 
 
+#: The calls that start a watched model's first request: ``generate``, and continuous batching's manager.
+FIRST_USE_METHODS = ("generate", "init_continuous_batching")
+
+
 def watch_model(model: Any) -> None:
-    """Have a causal LM instrumented at its first ``generate`` call; never raises."""
+    """Have a causal LM instrumented at its first ``generate`` or ``init_continuous_batching`` call; never
+    raises."""
     try:
-        if _is_generating_model(model) and not isinstance(
-            model.__dict__.get("generate"), InstrumentOnFirstGenerate
-        ):
-            model.generate = InstrumentOnFirstGenerate(model)
+        if not _is_generating_model(model):
+            return
+        for name in FIRST_USE_METHODS:
+            if hasattr(model, name) and not isinstance(model.__dict__.get(name), InstrumentOnFirstCall):
+                setattr(model, name, InstrumentOnFirstCall(model, name))
     except Exception:
         logger.warning("inferwatch run: cannot watch %s", type(model).__name__, exc_info=True)
 
 
-class InstrumentOnFirstGenerate:
-    """A model's ``generate`` until its first call, which instruments the model and then runs the real
-    one (an instance attribute the checkpoint installed, or the class's method)."""
+class InstrumentOnFirstCall:
+    """One of a model's :data:`FIRST_USE_METHODS` until the first call of any of them, which instruments
+    the model and then runs the real method (an instance attribute the checkpoint installed, or the
+    class's method)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, name: str) -> None:
         self._model = weakref.ref(model)
-        self._previous = model.__dict__.get("generate")
-        self._lock = threading.Lock()
+        self._name = name
+        self._previous = model.__dict__.get(name)
         self._retired = False
 
+    def _put_back(self, model: Any) -> None:
+        if not self._retired and model.__dict__.get(self._name) is self:
+            if self._previous is None:
+                delattr(model, self._name)
+            else:
+                setattr(model, self._name, self._previous)
+            self._retired = True
+
     def retire(self, model: Any) -> InstrumentationHandle | None:
-        """Put the real generate back and instrument the model (once)."""
-        with self._lock:
-            if not self._retired and model.__dict__.get("generate") is self:
-                if self._previous is None:
-                    del model.generate
-                else:
-                    model.generate = self._previous
-                self._retired = True
-                return instrument_model(model)
-        return None
+        """Put every real method back and instrument the model (once)."""
+        with _first_call_lock:
+            if self._retired:
+                return None
+            for name in FIRST_USE_METHODS:
+                stand_in = model.__dict__.get(name)
+                if isinstance(stand_in, InstrumentOnFirstCall):
+                    stand_in._put_back(model)
+            return instrument_model(model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         model = self._model()
         self.retire(model)
         if self._retired:
             # The first call, or one that fetched this stand-in before the first call replaced it.
-            return model.generate(*args, **kwargs)
-        # Something wrapped generate on top of this stand-in (the program called instrument() itself, or
-        # another library): pass the call through to the real generate.
-        original = self._previous or type(model).generate.__get__(model)
+            return getattr(model, self._name)(*args, **kwargs)
+        # Something wrapped the method on top of this stand-in (the program called instrument() itself, or
+        # another library): pass the call through to the real method.
+        original = self._previous or getattr(type(model), self._name).__get__(model)
         return original(*args, **kwargs)
+
+
+_first_call_lock = threading.RLock()
 
 
 def instrument_now(model: Any) -> InstrumentationHandle | None:
     """Instrument a watched model before its first generate (a server about to queue a request for it);
     the model's handle, None if it cannot be instrumented."""
-    stand_in = model.__dict__.get("generate")
-    if isinstance(stand_in, InstrumentOnFirstGenerate):
-        stand_in.retire(model)
+    for name in FIRST_USE_METHODS:
+        stand_in = model.__dict__.get(name)
+        if isinstance(stand_in, InstrumentOnFirstCall):
+            stand_in.retire(model)
     return instrument_model(model)
 
 

@@ -88,7 +88,8 @@ DECODE = _histogram(
 )  # fmt: skip
 FORWARD = _histogram(
     "llm_forward_seconds", "seconds", ("model", "phase"), "forward_buckets",
-    "Device time of one forward pass (CUDA events; host clock on CPU), by phase: prefill or decode.",
+    "Device time of one forward pass (CUDA events; host clock on CPU), by phase: prefill, decode, or "
+    "mixed (a continuous-batching step that carries prompt tokens and decode tokens together).",
 )  # fmt: skip
 PROMPT_TOKENS_HIST = _histogram(
     "llm_request_prompt_tokens", "tokens", M, "token_buckets",
@@ -101,7 +102,12 @@ GENERATION_TOKENS_HIST = _histogram(
 )  # fmt: skip
 BATCH_SIZE = _histogram(
     "llm_batch_size", "sequences", M, "batch_buckets",
-    "Sequences in one forward pass.",
+    "Sequences in one forward pass (continuous batching: the requests scheduled in the step).",
+)  # fmt: skip
+STEP_TOKENS = _histogram(
+    "llm_step_tokens", "tokens", ("model", "kind"), "token_buckets",
+    "Tokens one forward pass processed, by kind: prefill (prompt tokens) or decode (one per sequence "
+    "generating its next token). A continuous-batching step usually holds both.",
 )  # fmt: skip
 
 QUEUE = _histogram(
@@ -159,6 +165,14 @@ KV_CACHE_CAPACITY_TOKENS = _gauge(
     "llm_kv_cache_capacity_tokens", "tokens", M, "livesum",
     "Tokens the preallocated (static) KV caches of running requests hold: max_cache_len x batch.",
 )  # fmt: skip
+KV_CACHE_BLOCKS = _gauge(
+    "llm_kv_cache_blocks", "blocks", ("model", "state"), "livesum",
+    "Blocks of a paged KV cache (continuous batching) by state: used (held by requests) or total.",
+)  # fmt: skip
+KV_CACHE_PREEMPTIONS = _counter(
+    "llm_kv_cache_preemptions_total", "requests", M,
+    "Requests the continuous-batching scheduler took off the device to free KV-cache blocks.",
+)  # fmt: skip
 KV_CACHE_HEADROOM_TOKENS = _gauge(
     "llm_kv_cache_headroom_tokens", "tokens", M, "livemin",
     "How many more KV-cache tokens fit in free device memory (free + allocator-cached) / bytes per token.",
@@ -209,9 +223,10 @@ LAST_STEP = _gauge(
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, TPOT, MAX_ITL, E2E, PREFILL, DECODE, QUEUE, FORWARD, PROMPT_TOKENS_HIST,
-    GENERATION_TOKENS_HIST, BATCH_SIZE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS, OOM_EVENTS, ALLOC_RETRIES,
-    INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN,
-    KV_CACHE_CAPACITY_TOKENS, KV_CACHE_HEADROOM_TOKENS, TORCH_MEMORY, GPU_BUSY, DECODE_BANDWIDTH,
+    GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING,
+    KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
+    KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS, TORCH_MEMORY, GPU_BUSY, DECODE_BANDWIDTH,
     PREFILL_FLOPS, NVML_GPU_UTILIZATION, NVML_MEMORY_USED, NVML_MEMORY_TOTAL, NVML_PROCESS_MEMORY,
     MODEL_INFO, LAST_STEP,
 )  # fmt: skip

@@ -7,7 +7,8 @@ Both clocks here share one interface, so the request and forward timing code is 
   *anchor*: an event recorded at the same moment on an idle side stream. The anchor completes almost at
   once, so its device timestamp names the same instant as the host reading, and every later event can be
   placed on the host clock as ``anchor.host + anchor.event.elapsed_time(event)``.
-* :meth:`Clock.mark` records a point in the device's work queue (the current stream): an event on CUDA,
+* :meth:`Clock.mark` records a point in the device's work queue (the current stream, or a given one
+  with :meth:`Clock.mark_on`): an event on CUDA,
   a ``perf_counter`` reading on CPU, where work is synchronous and the reading *is* the completion time.
 * :meth:`Clock.ready` asks, without blocking, whether that point has been reached (``event.query()``).
 * :meth:`Clock.fetch` copies a small device tensor to the host asynchronously (pinned memory + event), so
@@ -89,6 +90,8 @@ class Clock(Protocol):
 
     def mark(self) -> Any: ...
 
+    def mark_on(self, stream: Any) -> Any: ...
+
     def ready(self, mark: Any) -> bool: ...
 
     def host_time(self, anchor: Anchor, mark: Any) -> float: ...
@@ -110,6 +113,9 @@ class HostClock:
         return Anchor(time.perf_counter())
 
     def mark(self) -> float:
+        return time.perf_counter()
+
+    def mark_on(self, stream: Any) -> float:
         return time.perf_counter()
 
     def ready(self, mark: float) -> bool:
@@ -174,6 +180,15 @@ class CudaClock:
     def mark(self) -> torch.cuda.Event:
         event = self._event()
         event.record(self._current_stream())
+        return event
+
+    def mark_on(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event:
+        """A mark on ``stream`` (the current stream when None): work queued on a stream of its own, like
+        continuous batching's compute stream, is timed there."""
+        if stream is None:
+            return self.mark()
+        event = self._event()
+        event.record(stream)
         return event
 
     def ready(self, mark: torch.cuda.Event) -> bool:

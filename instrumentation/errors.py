@@ -24,6 +24,7 @@ STAGES = (
     "generate_exit",  # finishing a request (token counts, end-to-end latency)
     "token_mark",  # the sampled-token mark (a stopping criterion added to generate)
     "track",  # the request-tracking API
+    "batching",  # continuous batching's hooks (requests, steps, deliveries)
     "resolve",  # turning device events into observations
     "sample",  # the background sampler (allocator memory, headroom, busy ratio)
     "nvml",  # NVML readings

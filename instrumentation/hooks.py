@@ -7,9 +7,11 @@
   which opens a request at entry and closes it at exit, and adds a stopping criterion that never stops
   anything but records a clock mark each time the next tokens have been sampled: a token counts as
   produced when the device has sampled it. Exceptions from the model propagate unchanged.
+* ``init_continuous_batching``: wrapped the same way; the managers it returns are followed request by
+  request and step by step (:mod:`inferwatch.instrumentation.batching`).
 
 What inferwatch keeps never keeps the model alive: the registry of handles is weak, the handle reaches the
-``generate`` wrapper only weakly, and when the model is collected its live series go with it.
+wrappers only weakly, and when the model is collected its live series go with it.
 
 Everything inferwatch does in these paths is inside ``try/except`` and reported to
 ``llm_instrumentation_errors_total``; the model's own behaviour and outputs are untouched.
@@ -29,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
+from inferwatch.instrumentation.batching import IN_BATCH_STEP, BatchingHooks
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -168,9 +171,11 @@ class ModelInstrumentation:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
-        # Weak: the wrapper lives on the model and holds the original generate (bound to the model); a
-        # strong reference from here would keep every instrumented model alive.
-        self._generate_wrapper: weakref.ref | None = None
+        # Weak: the wrappers (generate, init_continuous_batching) live on the model and hold the original
+        # methods (bound to the model); a strong reference from here would keep every instrumented model
+        # alive.
+        self._wrappers: dict[str, weakref.ref] = {}
+        self.batching = BatchingHooks(self)
         self._poller_keys: list[tuple] = []
         self._devices: set[str] = set()  # every device label the model's series were written under
         # transformers' StoppingCriteriaList where generate is transformers' (it takes stopping criteria).
@@ -188,15 +193,33 @@ class ModelInstrumentation:
             model.register_forward_pre_hook(pre, with_kwargs=True),
             model.register_forward_hook(post, with_kwargs=True),
         ]
-        wrapper = self._wrap_generate(model.generate)
-        wrapper._inferwatch_previous = model.__dict__.get("generate")  # an instance attribute before ours
-        self._generate_wrapper = weakref.ref(wrapper)
-        model.generate = wrapper
+        self._replace(model, "generate", self._wrap_generate)
+        if hasattr(model, "init_continuous_batching"):
+            self._replace(model, "init_continuous_batching", self.batching.wrap_init)
         self.metrics.live_models[self.name] = self.metrics.live_models.get(self.name, 0) + 1
         weakref.finalize(model, _GONE.append, self).atexit = False
         _watch_registry(self.metrics)
         self._publish()
         self.active = True
+
+    def _replace(self, model: torch.nn.Module, name: str, wrap: Any) -> None:
+        """Put ``wrap(model.name)`` on the instance, remembering an instance attribute it replaces."""
+        wrapper = wrap(getattr(model, name))
+        wrapper._inferwatch_previous = model.__dict__.get(name)
+        self._wrappers[name] = weakref.ref(wrapper)
+        setattr(model, name, wrapper)
+
+    def _restore(self, model: torch.nn.Module) -> None:
+        for name, ref in self._wrappers.items():
+            wrapper = ref()
+            if wrapper is not None and model.__dict__.get(name) is wrapper:
+                if wrapper._inferwatch_previous is not None:
+                    setattr(model, name, wrapper._inferwatch_previous)
+                else:
+                    delattr(model, name)
+        # If someone wrapped a method on top of ours, ours stays in their chain as a pass-through
+        # (self.active is False).
+        self._wrappers = {}
 
     def _info_labels(self) -> tuple[str, ...]:
         placement = self.placement
@@ -279,14 +302,8 @@ class ModelInstrumentation:
                 handle.remove()
             self._hook_handles = []
             model = self.model_ref()
-            wrapper = self._generate_wrapper() if self._generate_wrapper is not None else None
-            if model is not None and wrapper is not None and model.__dict__.get("generate") is wrapper:
-                if wrapper._inferwatch_previous is not None:
-                    model.generate = wrapper._inferwatch_previous
-                else:
-                    del model.generate
-            # If someone wrapped generate on top of ours, ours stays in their chain as a pass-through
-            # (self.active is False).
+            if model is not None:
+                self._restore(model)
             self._retire()
 
     def forget(self) -> None:
@@ -308,7 +325,7 @@ class ModelInstrumentation:
     # -- forward hooks ---------------------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if not self.active:
+        if not self.active or IN_BATCH_STEP.get():  # a continuous-batching step is timed as a whole
             return
         try:
             placement = self.placement
@@ -375,6 +392,7 @@ class ModelInstrumentation:
                 start_host=start_host,
                 end_host=end_host,
                 batch=batch,
+                processed=batch * new_tokens,
             )
             if request is None:
                 loose = LooseForward(clock, step)

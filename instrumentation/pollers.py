@@ -115,7 +115,8 @@ class ModelPoller:
                 utilization = window.prefill_flops / window.prefill_seconds / self._peak_flops
                 self._flops.labels(model, label).set(utilization)
             per_token = self._series.bytes_per_token
-            if per_token:
+            # Continuous batching's headroom is what is left of its preallocated pool, not free memory.
+            if not self._series.poll_paged_cache() and per_token:
                 free = free_memory_bytes(self._device)
                 if free is not None:
                     self._headroom.labels(model).set(max(0.0, free / per_token))

@@ -68,6 +68,7 @@ class Step:
         "end",
         "end_host",
         "phase",
+        "processed",
         "series",
         "start",
         "start_host",
@@ -88,6 +89,7 @@ class Step:
         start_host: float | None,
         end_host: float,
         batch: int = 0,
+        processed: int = 0,
     ) -> None:
         self.series = series  # the series of the model whose forward this is
         self.device = device
@@ -101,13 +103,19 @@ class Step:
         self.start_host = start_host
         self.end_host = end_host
         self.batch = batch  # sequences in the forward; 0 when its input had no batch dimension
+        self.processed = processed  # input tokens of the forward (all sequences)
 
     def account_forward(self, clock: Clock) -> None:
-        """Observe the forward's device time and batch size."""
+        """Observe the forward's device time, batch size and tokens."""
         seconds = clock.elapsed(self.start, self.end)
-        self.series.add_forward(self.device, self.phase, seconds, self.work)
+        series = self.series
+        series.add_forward(self.device, self.phase, seconds, self.work)
         if self.batch:
-            self.series.batch_size.observe(self.batch)
+            series.batch_size.observe(self.batch)
+        if self.phase == "prefill":
+            series.observe_step_tokens(self.processed, 0)
+        else:
+            series.observe_step_tokens(0, self.processed)
 
 
 class Request:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
@@ -23,6 +24,11 @@ STATUSES = ("ok", "error", "oom", "cancelled")
 #: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
 HEARTBEAT_RESOLUTION_SECONDS = 0.1
 PHASES = ("prefill", "decode")
+#: A continuous-batching step that carries prompt and decode tokens together: its series appears with the
+#: first such step, so models served by generate alone do not show an empty one.
+MIXED_PHASE = "mixed"
+STEP_TOKEN_KINDS = ("prefill", "decode")
+KV_BLOCK_STATES = ("used", "total")
 
 
 @dataclass
@@ -64,6 +70,7 @@ class ModelSeries:
         self.decode = bind(cat.DECODE)
         self.queue = bind(cat.QUEUE)
         self.forward = {phase: bind(cat.FORWARD, phase) for phase in PHASES}
+        self.step_tokens = {kind: bind(cat.STEP_TOKENS, kind) for kind in STEP_TOKEN_KINDS}
         self.prompt_tokens_hist = bind(cat.PROMPT_TOKENS_HIST)
         self.generation_tokens_hist = bind(cat.GENERATION_TOKENS_HIST)
         self.batch_size = bind(cat.BATCH_SIZE)
@@ -75,6 +82,11 @@ class ModelSeries:
         self.waiting = bind(cat.REQUESTS_WAITING)
         self.kv_bytes = bind(cat.KV_CACHE_BYTES)
         self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
+        self.kv_preemptions = bind(cat.KV_CACHE_PREEMPTIONS)
+        #: The paged KV cache of the model's continuous batching (batching.PagedCacheView), if any.
+        self._paged_cache: Any = None
+        #: Bytes of the paged cache in use at the sampler's last reading: what a decode step reads of it.
+        self.paged_used_bytes = 0.0
         # Gauges without a meaningful zero get their series on the first real value, so a model that has
         # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
         self._kv_bytes_per_token: Gauge | None = None
@@ -117,8 +129,12 @@ class ModelSeries:
         return self._totals.bytes_per_token
 
     def add_forward(self, device: str, phase: str, seconds: float, work: float) -> None:
-        """Account one resolved forward: ``work`` is bytes read (decode) or FLOPs (prefill)."""
-        self.forward[phase].observe(seconds)
+        """Account one resolved forward: ``work`` is bytes read (decode) or FLOPs (prefill); a mixed step
+        counts in the busy time only (its work is neither a prefill's nor a decode's)."""
+        histogram = self.forward.get(phase)
+        if histogram is None:
+            histogram = self.forward[phase] = self.metrics[cat.FORWARD].labels(self.name, phase)
+        histogram.observe(seconds)
         with self._lock:
             window = self._totals.windows.get(device)
             if window is None:
@@ -127,9 +143,45 @@ class ModelSeries:
             if phase == "decode":
                 window.decode_seconds += seconds
                 window.decode_bytes += work
-            else:
+            elif phase == "prefill":
                 window.prefill_seconds += seconds
                 window.prefill_flops += work
+
+    def observe_step_tokens(self, prefill: int, decode: int) -> None:
+        """Tokens of one forward by kind (a kind the step did not carry is not observed)."""
+        if prefill:
+            self.step_tokens["prefill"].observe(prefill)
+        if decode:
+            self.step_tokens["decode"].observe(decode)
+
+    def watch_paged_cache(self, view: Any) -> None:
+        """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on."""
+        self._paged_cache = view
+
+    def poll_paged_cache(self) -> bool:
+        """Read the paged cache into the KV gauges; False when the model has none (any more)."""
+        view = self._paged_cache
+        if view is None:
+            return False
+        free = view.free_ratio()
+        if free is None:  # the batch processor and its cache are gone
+            self._paged_cache = None
+            for state in KV_BLOCK_STATES:
+                drop_gauge(self.metrics[cat.KV_CACHE_BLOCKS], self.name, state)
+            return False
+        blocks = self.metrics[cat.KV_CACHE_BLOCKS]
+        used = 1.0 - free
+        blocks.labels(self.name, "used").set(round(view.total_blocks * used))
+        blocks.labels(self.name, "total").set(view.total_blocks)
+        self.paged_used_bytes = view.total_bytes * used
+        self.kv_bytes.set(self.paged_used_bytes)
+        self.kv_capacity.set(view.capacity_tokens)
+        self.metrics[cat.KV_CACHE_HEADROOM_TOKENS].labels(self.name).set(view.capacity_tokens * free)
+        if view.capacity_tokens:
+            self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(
+                view.total_bytes / view.capacity_tokens
+            )
+        return True
 
     def take_window(self, device: str) -> Window:
         """The work accounted on ``device`` since the last call, and start a new window."""
@@ -138,18 +190,20 @@ class ModelSeries:
 
 
 #: Gauges that describe a model while it exists, by the labels after ``model``: removed with the model.
-_LIVE_GAUGES: tuple[tuple[cat.MetricSpec, bool], ...] = (
-    # (family, labelled by device too)
-    (cat.REQUESTS_RUNNING, False),
-    (cat.REQUESTS_WAITING, False),
-    (cat.KV_CACHE_BYTES, False),
-    (cat.KV_CACHE_CAPACITY_TOKENS, False),
-    (cat.KV_CACHE_BYTES_PER_TOKEN, False),
-    (cat.KV_CACHE_HEADROOM_TOKENS, False),
-    (cat.LAST_STEP, False),
-    (cat.GPU_BUSY, True),
-    (cat.DECODE_BANDWIDTH, True),
-    (cat.PREFILL_FLOPS, True),
+_BY_DEVICE = "device"
+_LIVE_GAUGES: tuple[tuple[cat.MetricSpec, str | tuple[str, ...]], ...] = (
+    # (family, the values of its label after `model`: every device the model ran on, fixed ones, or none)
+    (cat.REQUESTS_RUNNING, ()),
+    (cat.REQUESTS_WAITING, ()),
+    (cat.KV_CACHE_BYTES, ()),
+    (cat.KV_CACHE_CAPACITY_TOKENS, ()),
+    (cat.KV_CACHE_BYTES_PER_TOKEN, ()),
+    (cat.KV_CACHE_HEADROOM_TOKENS, ()),
+    (cat.KV_CACHE_BLOCKS, KV_BLOCK_STATES),
+    (cat.LAST_STEP, ()),
+    (cat.GPU_BUSY, _BY_DEVICE),
+    (cat.DECODE_BANDWIDTH, _BY_DEVICE),
+    (cat.PREFILL_FLOPS, _BY_DEVICE),
 )
 
 _series_lock = threading.Lock()
@@ -173,8 +227,9 @@ def forget_series(metrics: Metrics, name: str, devices: list[str]) -> None:
     fresh series. In multiprocess mode series cannot be removed; they are set to 0."""
     with _series_lock:
         metrics.model_series.pop(name, None)
-    for spec, per_device in _LIVE_GAUGES:
-        for labels in [(name, device) for device in devices] if per_device else [(name,)]:
+    for spec, second in _LIVE_GAUGES:
+        values = devices if second == _BY_DEVICE else second
+        for labels in [(name, value) for value in values] if second else [(name,)]:
             drop_gauge(metrics[spec], *labels)
 
 

@@ -40,6 +40,15 @@ SDPA = ChecklistItem(
     "20-40 % faster attention; the fix when prefill time grows faster than linearly in the prompt",
     f"{_CHECKLIST_000}, priorities 1-2",
 )
+CUDA_GRAPHS = ChecklistItem(
+    "keep the serving engine's CUDA graphs on (vLLM: no --enforce-eager; SGLang: no "
+    "--disable-cuda-graph), or capture a hand-written decode step with torch.cuda.graph over a static "
+    "KV cache",
+    "one graph launch replays the step's hundreds of kernels: the per-kernel launch latency that leaves "
+    "the SMs idle between tiny kernels is paid once",
+    "reference/002 §4.1 (CUDA kernel launch latency; SM utilization as a key metric); "
+    f"{_CHECKLIST_000}, priority 1 (torch.compile reduce-overhead)",
+)
 BF16 = ChecklistItem(
     "run in BF16 instead of FP32",
     "about 2x on Ampere and later: tensor cores, and half the bytes to read",
@@ -102,4 +111,31 @@ MAX_TOKENS = ChecklistItem(
     "cap the generated tokens per request (max_tokens / max_new_tokens)",
     "a request holds the model for its whole decode: long generations make every request behind them wait",
     "docs/runbooks.md, InferwatchQueueTimeHigh",
+)
+
+_CONTINUOUS_BATCHING = "transformers continuous batching (ContinuousBatchingConfig)"
+KV_BLOCKS = ChecklistItem(
+    "give the paged KV cache more blocks: a larger share of free device memory for it "
+    "(max_memory_percent) or more num_blocks, where the device has memory to spare",
+    "each block holds the KV cache of a few tokens of one request: more blocks hold more requests at once, "
+    "so fewer wait and none is preempted",
+    f"{_CONTINUOUS_BATCHING}; docs/runbooks.md, InferwatchKvCacheNearlyFull",
+)
+MAX_BATCH_TOKENS = ChecklistItem(
+    "lower max_batch_tokens (tokens per continuous-batching step)",
+    "when num_blocks is inferred, a step's activations and the cache share one memory budget: fewer tokens "
+    "per step leave more blocks, and fewer prompt tokens are admitted at once",
+    f"{_CONTINUOUS_BATCHING}; docs/runbooks.md, InferwatchKvCacheNearlyFull",
+)
+KV_MAX_NEW_TOKENS = ChecklistItem(
+    "cap the generated tokens per request (max_new_tokens / max_tokens): it bounds the blocks one request "
+    "holds",
+    "every generated token holds KV cache until its request ends: long generations hold most of the blocks",
+    "docs/runbooks.md, InferwatchKvCacheNearlyFull",
+)
+CPU_OFFLOAD = ChecklistItem(
+    "let preempted requests keep their cache in host memory (cpu_offload_space, where the transformers "
+    "version has it)",
+    "a preempted request then copies its cache back instead of computing its prompt and tokens again",
+    f"{_CONTINUOUS_BATCHING}; docs/runbooks.md, InferwatchKvCachePreemptions",
 )

@@ -1,10 +1,10 @@
 """What one screen of ``inferwatch top`` shows, computed from two scrape rounds.
 
-Instant values (utilization, memory, power, clocks, temperatures, running and waiting requests, KV bytes,
-busy ratio) come from the later round. Rates (tokens/s, CPU) and latency percentiles (TTFT, queue time,
-ITL) come from the
-difference between the rounds: the percentiles are those of the tokens and requests that completed in the
-window, from the histogram buckets that grew, not of everything since the process started.
+Instant values (utilization, SM activity, memory, power, clocks, temperatures, running and waiting
+requests, KV bytes, a paged KV cache's used blocks, busy ratio) come from the later round. Rates (tokens/s,
+preemptions, CPU) and latency percentiles (TTFT, queue time, ITL) come from the difference between the
+rounds: the percentiles are those of the tokens and requests that completed in the window, from the
+histogram buckets that grew, not of everything since the process started.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class GpuRow:
     name: str | None
     up: float | None  # gpu_up: 0 when the exporter lost the GPU
     utilization: float | None
+    sm_active: float | None  # GPM, on GPUs that have it: low while utilization is high means launch-bound
     memory_used_bytes: float | None
     memory_free_bytes: float | None
     memory_total_bytes: float | None
@@ -64,6 +65,8 @@ class ModelRow:
     requests_waiting: float | None  # arrived and not in generate yet, where the server reports it
     kv_cache_bytes: float | None
     kv_cache_headroom_tokens: float | None
+    kv_blocks_used_ratio: float | None  # a paged KV cache (continuous batching): used / total blocks
+    kv_preemptions_per_second: float | None  # requests its scheduler took off the device to free blocks
     busy_ratio: float | None
 
 
@@ -101,6 +104,7 @@ class Frame:
 _GPU_FIELDS: dict[str, Expr] = {
     "up": q.GPU_UP,
     "utilization": q.GPU_UTIL,
+    "sm_active": q.SM_ACTIVE,
     "memory_used_bytes": q.GPU_MEMORY_USED,
     "memory_free_bytes": q.GPU_MEMORY_FREE,
     "memory_total_bytes": q.GPU_MEMORY_TOTAL,
@@ -122,6 +126,8 @@ _MODEL_FIELDS: dict[str, Expr] = {
     "requests_waiting": q.WAITING,
     "kv_cache_bytes": q.KV_BYTES,
     "kv_cache_headroom_tokens": q.KV_HEADROOM,
+    "kv_blocks_used_ratio": q.KV_BLOCKS_USED_SHARE,
+    "kv_preemptions_per_second": q.KV_PREEMPTION_RATE,
     "busy_ratio": q.BUSY,
 }
 _HOST_FIELDS: dict[str, Expr] = {

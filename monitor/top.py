@@ -1,11 +1,13 @@
 """``inferwatch top``: a live terminal view of inferwatch endpoints, for a person on the box.
 
 It scrapes the exporter and instrumented serving processes every ``--interval`` seconds and shows, per GPU,
-utilization, memory and headroom, power against its limit, SM clock against its maximum with the active
+utilization and the share of SMs active (NVML GPM, yellow when far below utilization: launch-bound),
+memory and headroom, power against its limit, SM clock against its maximum with the active
 throttle reasons, and temperature against the slowdown threshold; per model, TTFT and ITL percentiles of
 the last interval and the p99 queue time, tokens/s, running and waiting requests, KV-cache bytes and
-headroom, and the busy ratio; the host and the serving processes' CPU and memory. An endpoint that stops
-answering is shown as down and scraped again at the next refresh.
+headroom, the blocks used and preemptions of a paged KV cache (continuous batching), and the busy ratio;
+the host and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and
+scraped again at the next refresh.
 
 ``--once`` prints one frame and exits (1 when an endpoint is down): two scrapes ``--window`` seconds apart,
 plain text when stdout is not a terminal, JSON with ``--json``.
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from inferwatch.monitor.checks.launch_bound import is_launch_bound
 from inferwatch.monitor.checks.thresholds import default_thresholds
 from inferwatch.monitor.frame import Frame, GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import normalize_url, scrape_round
@@ -98,11 +101,12 @@ def _percentiles(p50: float | None, p99: float | None) -> str:
 
 
 GPU_COLUMNS = (
-    "instance", "gpu", "name", "util", "memory", "free", "power", "SM clock", "temp/slowdown", "throttle",
+    "instance", "gpu", "name", "util", "SM active", "memory", "free", "power", "SM clock", "temp/slowdown",
+    "throttle",
 )  # fmt: skip
 MODEL_COLUMNS = (
     "model", "instance", "device", "TTFT p50 / p99", "queue p99", "ITL p50 / p99", "tok/s", "running",
-    "waiting", "KV cache", "KV headroom (tok)", "busy",
+    "waiting", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s", "busy",
 )  # fmt: skip
 
 
@@ -122,11 +126,18 @@ def _gpu_cells(row: GpuRow) -> list[Any]:
     throttle = Text(
         ", ".join(row.throttle_reasons) or "-", style="bold red" if row.throttle_reasons else "dim"
     )
+    # Yellow where `inferwatch diagnose` would find the GPU launch-bound.
+    launch_bound = (
+        row.utilization is not None
+        and row.sm_active is not None
+        and is_launch_bound(row.utilization, row.sm_active)
+    )
     return [
         row.instance,
         row.gpu if row.up != 0 else Text(f"{row.gpu} lost", style="bold red"),
         row.name or "-",
         _or_dash(row.utilization, percent),
+        Text(_or_dash(row.sm_active, percent), style="yellow" if launch_bound else ""),
         _pair(row.memory_used_bytes, row.memory_total_bytes, lambda b: f"{b / 2**30:.1f}", " GiB"),
         Text(
             _or_dash(free_share, percent),
@@ -153,6 +164,12 @@ def _model_cells(row: ModelRow) -> list[Any]:
     limits = default_thresholds()
     queueing = (row.requests_waiting or 0) > limits.requests_waiting_above
     queue_long = (row.queue_p99_seconds or 0) > limits.queue_seconds_above
+    # A paged KV cache (continuous batching) only: InferwatchKvCacheNearlyFull's and
+    # InferwatchKvCachePreemptions' thresholds. A model served by generate has no blocks, and its
+    # preemption counter (if any) stays at zero: both cells are "-".
+    paged = row.kv_blocks_used_ratio is not None or bool(row.kv_preemptions_per_second)
+    nearly_full = (row.kv_blocks_used_ratio or 0) > limits.kv_blocks_used_ratio_above
+    preempting = (row.kv_preemptions_per_second or 0) > limits.preemptions_per_second_above
     return [
         row.model,
         row.instance,
@@ -165,6 +182,11 @@ def _model_cells(row: ModelRow) -> list[Any]:
         Text(_or_dash(row.requests_waiting, number), style="yellow" if queueing else ""),
         _or_dash(row.kv_cache_bytes, size),
         _or_dash(row.kv_cache_headroom_tokens, number),
+        Text(_or_dash(row.kv_blocks_used_ratio, percent), style="yellow" if nearly_full else ""),
+        Text(
+            _or_dash(row.kv_preemptions_per_second if paged else None, number),
+            style="yellow" if preempting else "",
+        ),
         Text(_or_dash(row.busy_ratio, percent), style="yellow" if host_bound else ""),
     ]
 

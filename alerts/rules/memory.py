@@ -1,11 +1,26 @@
-"""OOM risk: KV-cache headroom, device memory filling up, allocator retries, out-of-memory errors, leaks."""
+"""OOM risk: KV-cache headroom, a paged KV cache nearly full or preempting requests, device memory filling
+up, allocator retries, out-of-memory errors, leaks."""
 
 from __future__ import annotations
 
 from inferwatch.common import names
 from inferwatch.common.durations import parse_duration
 
-from .base import GPU, MODEL, VALUE, VALUE_BYTES, AlertGroup, AlertRule, Params, label, num, promql
+from .base import (
+    GPU,
+    MODEL,
+    SERVING_BY,
+    VALUE,
+    VALUE_BYTES,
+    VALUE_PERCENT,
+    AlertGroup,
+    AlertRule,
+    Params,
+    events_above,
+    label,
+    num,
+    promql,
+)
 
 GROUP = AlertGroup("inferwatch-memory")
 
@@ -17,9 +32,50 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
         p.rule(
             f"{headroom} < {num(p['headroom_tokens_below'])}",
             f"Only {VALUE} more KV-cache tokens fit on the device of {MODEL}.",
-            f"Free device memory of {MODEL} holds only {VALUE} more tokens of KV cache (threshold "
-            f"{num(p['headroom_tokens_below'])}), for more than {p['for']}: a longer prompt or a bigger "
-            "batch runs out of memory.",
+            f"The KV cache of {MODEL} has room for only {VALUE} more tokens (threshold "
+            f"{num(p['headroom_tokens_below'])}), for more than {p['for']}: in free device memory, or with "
+            "continuous batching in the free blocks of its paged cache. A longer prompt or a bigger batch "
+            "runs out of memory; a paged cache makes it wait for blocks, or preempts running requests.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchKvCacheNearlyFull")
+def _kv_cache_nearly_full(p: Params) -> list[AlertRule]:
+    # Only a paged KV cache (continuous batching) has blocks: models without one have no series here.
+    used = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="used"')
+    total = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="total"')
+    expr = promql(f"""
+        sum by ({SERVING_BY}) ({used})
+        /
+        sum by ({SERVING_BY}) ({total})
+        > {num(p["used_ratio_above"])}
+    """)
+    return [
+        p.rule(
+            expr,
+            f"The paged KV cache of {MODEL} is {VALUE_PERCENT} full.",
+            f"Requests running on {MODEL} hold {VALUE_PERCENT} of its paged KV-cache blocks (threshold "
+            f"{num(p['used_ratio_above'] * 100)}%), for more than {p['for']}: the continuous-batching "
+            "scheduler admits new requests only as blocks free up, and takes running requests off the "
+            "device (preempts them) when a step finds no free block.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchKvCachePreemptions")
+def _kv_cache_preemptions(p: Params) -> list[AlertRule]:
+    preemptions = p.serving(names.LLM_KV_CACHE_PREEMPTIONS_TOTAL)
+    window = p["window"]
+    return [
+        p.rule(
+            events_above(preemptions, window, p["preemptions_above"], by=SERVING_BY),
+            f"The continuous-batching scheduler of {MODEL} keeps preempting requests.",
+            f"The scheduler of {MODEL} took {VALUE} requests off the device in the last {window} to free "
+            f"KV-cache blocks (threshold {num(p['preemptions_above'])}), in every such window for more "
+            f"than {p['for']}. A preempted request loses its cache: its prompt and tokens so far are "
+            "computed again (or copied back from host memory), so its latency jumps and the device repeats "
+            "work.",
         )
     ]
 

@@ -1,8 +1,10 @@
-"""KV cache and memory: KV-cache bytes and headroom, the CUDA allocator's memory, retries and OOMs."""
+"""KV cache and memory: KV-cache bytes and headroom, the blocks and preemptions of a paged KV cache, the CUDA
+allocator's memory, retries and OOMs."""
 
 from __future__ import annotations
 
 from inferwatch.common import names
+from inferwatch.common.durations import parse_duration
 
 from ..grafana import PanelSpec, Query, above, below, normal
 from .queries import INSTANCE, SERVING, alert_settings, sel, summed
@@ -22,11 +24,45 @@ def kv_cache_headroom() -> PanelSpec:
     limit = alert_settings("InferwatchKvCacheHeadroomLow")["headroom_tokens_below"]
     return PanelSpec(
         "KV-cache headroom",
-        f"How many more KV-cache tokens fit in free device memory; InferwatchKvCacheHeadroomLow fires "
-        f"below {limit}.",
+        f"How many more KV-cache tokens fit in free device memory (with continuous batching: in the free "
+        f"blocks of the paged cache); InferwatchKvCacheHeadroomLow fires below {limit}.",
         "short",
         below(limit),
         [Query(f"min by (model) ({sel(names.LLM_KV_CACHE_HEADROOM_TOKENS, SERVING)})", "{{model}}")],
+    )
+
+
+def kv_cache_blocks_used() -> PanelSpec:
+    limit = alert_settings("InferwatchKvCacheNearlyFull")["used_ratio_above"]
+    used, total = (
+        f"sum by (model) ({sel(names.LLM_KV_CACHE_BLOCKS, SERVING, matcher)})"
+        for matcher in ('state="used"', 'state="total"')
+    )
+    return PanelSpec(
+        "KV-cache blocks used",
+        "Share of the paged KV cache's blocks held by requests (continuous batching only; models served "
+        "by generate have no blocks). The scheduler fills the cache under load; InferwatchKvCacheNearlyFull "
+        f"fires above {limit:.0%} held for a while, when new requests wait for blocks and running ones "
+        "get preempted.",
+        "percentunit",
+        above(limit),
+        [Query(f"{used} / {total}", "{{model}}")],
+    )
+
+
+def kv_cache_preemptions() -> PanelSpec:
+    settings = alert_settings("InferwatchKvCachePreemptions")
+    window = settings["window"]
+    # Red from one preemption more than the alert's threshold per window: increase > N is increase >= N+1.
+    events = settings["preemptions_above"] + 1
+    return PanelSpec(
+        "KV-cache preemptions",
+        "Requests per second the continuous-batching scheduler took off the device to free KV-cache "
+        "blocks; each one computes its prompt and tokens again. Red from "
+        f"{events:g} per {window}: InferwatchKvCachePreemptions fires when that goes on.",
+        "reqps",
+        above(events / parse_duration(window, promql=True)),
+        [Query(summed("rate", names.LLM_KV_CACHE_PREEMPTIONS_TOTAL, SERVING, "model"), "{{model}}")],
     )
 
 

@@ -1,5 +1,5 @@
 """Prefill and decode: time per request in each phase, time to first token split into queue and prefill,
-the decode share, batch size, forward time."""
+the decode share, batch size, forward time, and the prefill and decode tokens of each step."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def decode_share() -> PanelSpec:
 def batch_size() -> PanelSpec:
     return PanelSpec(
         "Batch size",
-        "Mean number of sequences per forward pass. Latency that grows linearly with it points at "
-        "memory bandwidth (the bottleneck matrix of the reference notes).",
+        "Mean number of sequences per forward pass (continuous batching: requests scheduled in the "
+        "step). Latency that grows linearly with it points at memory bandwidth (the bottleneck matrix of "
+        "the reference notes).",
         "short",
         normal(),
         [mean(names.LLM_BATCH_SIZE)],
@@ -66,8 +67,34 @@ def batch_size() -> PanelSpec:
 def forward_time_by_phase() -> PanelSpec:
     return PanelSpec(
         "Forward time by phase",
-        "Mean device time of one forward pass, prefill and decode (CUDA events; host clock on CPU).",
+        "Mean device time of one forward pass by phase (CUDA events; host clock on CPU): prefill, "
+        "decode, and mixed, a continuous-batching step that carries prompt tokens and decode tokens "
+        "together (its time grows with the prompt tokens in it: see Tokens per step by kind).",
         "s",
         normal(),
         [mean(names.LLM_FORWARD_SECONDS, by="model, phase")],
+    )
+
+
+def step_tokens() -> PanelSpec:
+    return PanelSpec(
+        "Tokens per step by kind",
+        "Mean tokens one forward step processed, by kind, over the steps that carry that kind: prefill "
+        "(prompt tokens) and decode (one per sequence generating its next token). A continuous-batching "
+        "step usually carries both: many prompt tokens in a step lengthen it for every sequence decoding "
+        "in it.",
+        "short",
+        normal(),
+        [mean(names.LLM_STEP_TOKENS, by="model, kind")],
+    )
+
+
+def step_tokens_rate() -> PanelSpec:
+    return PanelSpec(
+        "Tokens processed by kind",
+        "Tokens per second the forward steps processed, prefill (prompt) and decode, stacked: how the "
+        "device's work splits between reading prompts and generating.",
+        "suffix:tok/s",
+        normal(),
+        [Query(summed("rate", f"{names.LLM_STEP_TOKENS}_sum", SERVING, "model, kind"), "{{kind}} {{model}}")],
     )

@@ -14,6 +14,7 @@ from .base import GpuCollector, HostCollector, HostContext
 from .clocks import ClocksCollector
 from .clocks_events import ClocksEventsCollector
 from .ecc import EccCollector
+from .gpm import GpmCollector
 from .gpu_processes import GpuProcessesCollector
 from .host import HostStatsCollector
 from .identity import IdentityCollector
@@ -48,6 +49,8 @@ def gpu_collectors(config: ExporterConfig) -> list[GpuCollector]:
         NvlinkCollector(),
         MigCollector(),
     ]
+    if config.gpm:  # before pcie_throughput, which skips the blocking reading where GPM had PCIe
+        collectors.append(GpmCollector(config.gpm_window, config.interval))
     if config.processes:
         collectors.append(GpuProcessesCollector(config.processes_max))
     if config.pcie_throughput:

@@ -1,11 +1,18 @@
-"""Device memory per process using the GPU, named by comm, capped.
+"""Device memory and utilization per process using the GPU, named by comm, capped.
 
-Only the ``--processes.max`` processes holding the most memory get a series, so a node running many small
+Only the ``--processes.max`` processes holding the most memory get series, so a node running many small
 jobs cannot explode the label set; ``gpu_processes`` still counts them all. The PIDs seen here also feed
 the serving-process collector (``--processes.gpu``).
+
+Utilization comes from NVML's per-process samples (``nvmlDeviceGetProcessUtilization``): the mean of
+those newer than the previous poll's. NVML keeps samples only of processes that were busy, so a tracked
+process without one was idle (0); when the call fails, the utilization series are left out instead.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
 
 from ..nvml import GpuContext
 from ..proc import process_name
@@ -17,7 +24,21 @@ PROCESS_MEMORY = gpu_gauge(
     "pid",
     "comm",
 )
+PROCESS_SM_UTILIZATION = gpu_gauge(
+    "gpu_process_sm_utilization_ratio",
+    "Fraction of time a kernel of the process ran on the SMs (NVML's process samples since the last poll).",
+    "pid",
+    "comm",
+)
+PROCESS_MEMORY_UTILIZATION = gpu_gauge(
+    "gpu_process_memory_bandwidth_utilization_ratio",
+    "Fraction of time the process read or wrote device memory (its samples since the last poll).",
+    "pid",
+    "comm",
+)
 PROCESSES = gpu_gauge("gpu_processes", "Compute processes running on the GPU (all, not only those shown).")
+
+_STATE_KEY = "gpu_processes.last_sample_us"
 
 
 class GpuProcessesCollector:
@@ -35,5 +56,32 @@ class GpuProcessesCollector:
         # usedGpuMemory is None where the driver cannot attribute memory (e.g. under WDDM).
         measured = [p for p in processes if p.usedGpuMemory is not None]
         measured.sort(key=lambda p: p.usedGpuMemory, reverse=True)
-        for p in measured[: self._max]:
-            gpu.emit(PROCESS_MEMORY, p.usedGpuMemory, str(p.pid), process_name(p.pid))
+        shown = [(p, str(p.pid), process_name(p.pid)) for p in measured[: self._max]]
+        for p, pid, comm in shown:
+            gpu.emit(PROCESS_MEMORY, p.usedGpuMemory, pid, comm)
+        utilization = _utilization_since_last_poll(gpu) if shown else None
+        if utilization is None:
+            return
+        for p, pid, comm in shown:
+            sm, memory = utilization.get(p.pid, (0.0, 0.0))
+            gpu.emit(PROCESS_SM_UTILIZATION, sm / 100, pid, comm)
+            gpu.emit(PROCESS_MEMORY_UTILIZATION, memory / 100, pid, comm)
+
+
+def _utilization_since_last_poll(gpu: GpuContext) -> dict[int, tuple[float, float]] | None:
+    """pid -> mean (SM, memory) utilization in percent of its samples since the last poll; None when the
+    samples could not be read."""
+    last_seen = gpu.device.state.get(_STATE_KEY, 0)
+    samples = gpu.read_process_utilization(last_seen)
+    if samples is None:
+        return None
+    by_pid: defaultdict[int, list[Any]] = defaultdict(list)
+    for sample in samples:
+        if sample.timeStamp > last_seen:
+            by_pid[sample.pid].append(sample)
+    if by_pid:
+        gpu.device.state[_STATE_KEY] = max(s.timeStamp for group in by_pid.values() for s in group)
+    return {
+        pid: (sum(s.smUtil for s in group) / len(group), sum(s.memUtil for s in group) / len(group))
+        for pid, group in by_pid.items()
+    }

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from ..nvml import ERROR_NOT_FOUND, GpuContext
 from ..samples import gpu_gauge
 
@@ -21,13 +24,18 @@ class MigCollector:
         gpu.emit(MIG_MODE, current)
         if not current:
             return
-        slots = gpu.cached("nvmlDeviceGetMaxMigDeviceCount") or 0
-        for slot in range(slots):
-            # NOT_FOUND: no MIG device in this slot.
-            handle = gpu.read("nvmlDeviceGetMigDeviceHandleByIndex", slot, quiet=(ERROR_NOT_FOUND,))
-            if handle is None:
-                continue
+        for slot, handle in mig_devices(gpu):
             info = gpu.read("nvmlDeviceGetMemoryInfo", handle=handle)
             if info is not None:
                 gpu.emit(MIG_MEMORY_TOTAL, info.total, str(slot))
                 gpu.emit(MIG_MEMORY_USED, info.used, str(slot))
+
+
+def mig_devices(gpu: GpuContext) -> Iterator[tuple[int, Any]]:
+    """(slot, handle) of each MIG device of a GPU in MIG mode."""
+    slots = gpu.cached("nvmlDeviceGetMaxMigDeviceCount") or 0
+    for slot in range(slots):
+        # NOT_FOUND: no MIG device in this slot.
+        handle = gpu.read("nvmlDeviceGetMigDeviceHandleByIndex", slot, quiet=(ERROR_NOT_FOUND,))
+        if handle is not None:
+            yield slot, handle

@@ -107,6 +107,24 @@ def subject(group: Labels) -> str:
     return f"process{where}" if where else "all"
 
 
+def gpm_series(source: Source, expr: Expr, metric: str) -> Series:
+    """The series of an expression over the exporter's GPM figures (``metric``); NotAssessed where there
+    are none: a GPU before Hopper, or no exporter scraped."""
+    found = source.series(expr)
+    if not found:
+        raise NotAssessed(
+            f"no {metric} in the window: it needs inferwatch-exporter on a GPU with NVML GPM "
+            "(Hopper or newer)"
+        )
+    return found
+
+
+def host(group: Labels) -> str:
+    """The host part of a group's ``instance`` (``node:8797`` -> ``node``): an exporter and the serving
+    processes it watches are scraped on one host, on different ports."""
+    return dict(group).get("instance", "").rsplit(":", 1)[0]
+
+
 def evidence_for(source: Source, what: str, value: str, *exprs: Expr) -> Evidence:
     """Evidence whose query is the PromQL of ``exprs``, one per line."""
     return Evidence(what, value, "\n".join(expr.promql(source.rate_window) for expr in exprs))

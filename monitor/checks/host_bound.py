@@ -11,7 +11,7 @@ from inferwatch.common import names
 from .. import checklist
 from ..queries import BUSY, PROCESS_CPU_RATE, RUNNING
 from ..units import number, percent
-from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, subject
+from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, host, subject
 from .stats import aligned, values
 from .thresholds import Thresholds
 
@@ -43,7 +43,7 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
                 RUNNING,
             ),
         ]
-        evidence.extend(_process_cpu_evidence(source, dict(group).get("instance", "")))
+        evidence.extend(_process_cpu_evidence(source, host(group)))
         findings.append(
             Finding(
                 "host-bound",
@@ -60,14 +60,13 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
     return findings
 
 
-def _process_cpu_evidence(source: Source, instance: str) -> list[Evidence]:
+def _process_cpu_evidence(source: Source, on_host: str) -> list[Evidence]:
     """The busiest serving process the exporter watches on the same host: a Python loop that holds one
     core near 100 % is the host-bound signature on a GPU machine."""
-    host = instance.rsplit(":", 1)[0]
     cpu = {
         group: statistics.fmean(values(points))
         for group, points in source.series(PROCESS_CPU_RATE).items()
-        if dict(group).get("instance", "").rsplit(":", 1)[0] == host
+        if host(group) == on_host
     }
     if not cpu:
         return []

@@ -1,6 +1,7 @@
 """OOM risk: under 10 % of device memory free (5 %: critical), allocator retries, OOMs, or less KV-cache
 headroom than the InferwatchKvCacheHeadroomLow alert's threshold or one average request needs
-(reference/002 §6.2)."""
+(reference/002 §6.2). With continuous batching the headroom is what the free blocks of the paged cache
+hold, and the remedies are the paged cache's (:mod:`.kv_cache`), not a paged cache."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .. import checklist
 from ..queries import (
     ALLOC_RETRY_RATE,
     GENERATION_TOKENS_MEAN,
+    KV_BLOCKS_TOTAL,
     KV_HEADROOM,
     MEMORY_FREE_SHARE,
     OOM_RATE,
@@ -17,6 +19,7 @@ from ..queries import (
 )
 from ..units import number, percent
 from .findings import Finding, NotAssessed, Series, Severity, Source, evidence_for, subject
+from .kv_cache import REMEDIES as PAGED_CACHE_REMEDIES
 from .stats import values
 from .thresholds import Thresholds
 
@@ -94,6 +97,7 @@ def _low_headroom(source: Source, headroom: Series, limit: float) -> list[Findin
     """Less KV-cache headroom than InferwatchKvCacheHeadroomLow's threshold, or than one average request."""
     findings = []
     prompt, generated = source.series(PROMPT_TOKENS_MEAN), source.series(GENERATION_TOKENS_MEAN)
+    paged = set(source.series(KV_BLOCKS_TOTAL)) if headroom else set()
     for group, points in headroom.items():
         now = points[-1][1]
         per_request = None
@@ -110,9 +114,8 @@ def _low_headroom(source: Source, headroom: Series, limit: float) -> list[Findin
             )
             if now < per_request:
                 summary = "the KV cache has less headroom than one average request needs"
+        items = PAGED_CACHE_REMEDIES if group in paged else (checklist.MEMORY,)
         findings.append(
-            Finding(
-                "oom-risk", Severity.WARNING, subject(group), summary, tuple(evidence), (checklist.MEMORY,)
-            )
+            Finding("oom-risk", Severity.WARNING, subject(group), summary, tuple(evidence), items)
         )
     return findings

@@ -41,6 +41,10 @@ class Thresholds:
     coefficient_of_variation_above: float
     #: InferwatchKvCacheHeadroomLow.headroom_tokens_below.
     headroom_tokens_below: float
+    #: InferwatchKvCacheNearlyFull.used_ratio_above: requests hold more of a paged cache's blocks than this.
+    kv_blocks_used_ratio_above: float
+    #: InferwatchKvCachePreemptions.preemptions_above per its window: preempting faster than this.
+    preemptions_per_second_above: float
     #: InferwatchMemoryLeak.growth_bytes_above per its lookback: the rate of growth that is a leak ...
     leak_bytes_per_second_above: float
     #: ... InferwatchMemoryLeak.load_growth_ratio: unless the token rate rose by more than this.
@@ -52,6 +56,7 @@ class Thresholds:
         alerts = config["alerts"]
         host_bound, duty_cycle = alerts["InferwatchHostBound"], alerts["InferwatchGpuThrottleDutyCycleHigh"]
         fluctuation, leak = alerts["InferwatchLatencyFluctuation"], alerts["InferwatchMemoryLeak"]
+        preemptions = alerts["InferwatchKvCachePreemptions"]
         return cls(
             busy_ratio_below=host_bound["busy_ratio_below"],
             requests_running_above=host_bound["requests_running_above"],
@@ -63,6 +68,9 @@ class Thresholds:
             duty_cycle_ratio_above=duty_cycle["duty_cycle_ratio_above"],
             coefficient_of_variation_above=fluctuation["coefficient_of_variation_above"],
             headroom_tokens_below=alerts["InferwatchKvCacheHeadroomLow"]["headroom_tokens_below"],
+            kv_blocks_used_ratio_above=alerts["InferwatchKvCacheNearlyFull"]["used_ratio_above"],
+            preemptions_per_second_above=preemptions["preemptions_above"]
+            / parse_duration(preemptions["window"], promql=True),
             leak_bytes_per_second_above=leak["growth_bytes_above"]
             / parse_duration(leak["lookback"], promql=True),
             load_growth_ratio=leak["load_growth_ratio"],

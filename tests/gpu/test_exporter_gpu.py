@@ -1,5 +1,6 @@
 """The exporter on a real GPU with the real NVML: every catalogue metric the GPU supports is exported and
-plausible, and a CUDA load started here moves utilization and power.
+plausible, a CUDA load started here moves utilization and power, and on a GPU with GPM it moves SM and
+tensor activity and this process's SM utilization.
 
 Which metrics to expect is asked of NVML directly (a call that answers means its series must be there),
 so the test holds on GPUs with and without NVLink, MIG or ECC. Run on the GPU machine with
@@ -8,6 +9,8 @@ so the test holds on GPUs with and without NVLink, MIG or ECC. Run on the GPU ma
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -60,9 +63,40 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
     with start_process(cmd, f"http://{address}/-/ready", 60, log_path=log_path) as proc:
         scrape = Exporter(address, proc.popen.pid)
         deadline = time.monotonic() + 30
-        while gpu_value(scrape(), "gpu_up") != 1 and time.monotonic() < deadline:
+        gpm = has_gpm()
+
+        def ready(text: str) -> bool:  # GPU 0 read, and its first GPM window closed where it has GPM
+            return gpu_value(text, "gpu_up") == 1 and (not gpm or gpu_value(text, SM_ACTIVE) is not None)
+
+        while not ready(scrape()) and time.monotonic() < deadline:
             time.sleep(0.25)
         yield scrape
+
+
+SM_ACTIVE = "gpu_sm_active_ratio"
+GPM_METRICS = (
+    SM_ACTIVE,
+    "gpu_sm_occupancy_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_dram_active_ratio",
+    "gpu_fp16_active_ratio",
+    "gpu_fp32_active_ratio",
+    "gpu_fp64_active_ratio",
+)
+
+
+def has_gpm() -> bool:
+    """Whether NVML's GPM answers on GPU 0 (Hopper and newer)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(GPU)
+        return nvml_answers(lambda: pynvml.nvmlGpmQueryDeviceSupport(h)) and bool(
+            pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice
+        )
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def nvml_answers(call: Callable[[], Any]) -> bool:
@@ -137,9 +171,10 @@ def expected_metrics() -> list[str]:
             (lambda: pynvml.nvmlDeviceGetMigMode(h), ("gpu_mig_mode",)),
             (lambda: pynvml.nvmlDeviceGetNvLinkState(h, 0), ("gpu_nvlink_links_active",)),
         ]
-        return [metric for call, metrics in sources if nvml_answers(call) for metric in metrics]
+        expected = [metric for call, metrics in sources if nvml_answers(call) for metric in metrics]
     finally:
         pynvml.nvmlShutdown()
+    return expected + list(GPM_METRICS) if has_gpm() else expected
 
 
 def _field_supported(pynvml: Any, handle: Any, field_id: int) -> None:
@@ -214,9 +249,32 @@ def test_every_supported_catalogue_metric_is_exported_and_plausible(exporter: Ex
     assert gpu_value(second, "inferwatch_exporter_gpu_collect_duration_seconds") < 0.5
 
 
-def test_a_cuda_load_moves_utilization_and_power(exporter: Exporter) -> None:
+@contextlib.contextmanager
+def matmul_load() -> Iterator[None]:
+    """A bf16 8192² matmul loop on GPU 0, in a thread of this process, while the block runs."""
     import torch
 
+    device = torch.device("cuda", GPU)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            for _ in range(20):
+                torch.matmul(a, b)
+            torch.cuda.synchronize(device)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+
+
+def test_a_cuda_load_moves_utilization_and_power(exporter: Exporter) -> None:
     def readings(seconds: float) -> list[tuple[float, float, float]]:
         out = []
         deadline = time.monotonic() + seconds
@@ -233,25 +291,9 @@ def test_a_cuda_load_moves_utilization_and_power(exporter: Exporter) -> None:
         return out
 
     idle = readings(2.0)
-    device = torch.device("cuda", GPU)
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            for _ in range(20):
-                torch.matmul(a, b)
-            torch.cuda.synchronize(device)
-
-    worker = threading.Thread(target=load, daemon=True)
-    worker.start()
-    try:
+    with matmul_load():
         time.sleep(1.0)  # NVML's power reading averages over about a second
         loaded = readings(6.0)
-    finally:
-        stop.set()
-        worker.join(timeout=30)
 
     idle_util, idle_power = max(r[0] for r in idle), max(r[1] for r in idle)
     busy_util, busy_power = max(r[0] for r in loaded), max(r[1] for r in loaded)
@@ -259,6 +301,40 @@ def test_a_cuda_load_moves_utilization_and_power(exporter: Exporter) -> None:
     assert busy_power > idle_power + 50, (idle, loaded)
     # The load's tensors are in device memory the exporter reports as used.
     assert max(r[2] for r in loaded) - min(r[2] for r in idle) >= 2 * 8192 * 8192 * 2 - 64 * MIB
+
+
+def test_gpm_and_process_utilization_follow_a_bf16_matmul_load(exporter: Exporter) -> None:
+    if not has_gpm():
+        pytest.skip("GPU 0 has no NVML GPM (before Hopper)")
+    pid = str(os.getpid())
+
+    def readings(seconds: float) -> list[dict[str, float | None]]:
+        out = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            text = exporter()
+            out.append(
+                {
+                    "sm": gpu_value(text, SM_ACTIVE, gpu_instance=""),
+                    "tensor": gpu_value(text, "gpu_tensor_active_ratio", gpu_instance=""),
+                    "process_sm": gpu_value(text, "gpu_process_sm_utilization_ratio", pid=pid),
+                }
+            )
+            time.sleep(0.5)
+        return out
+
+    time.sleep(2.5)  # a GPM window that still held the previous test's load has closed
+    idle = readings(2.5)  # this process has a CUDA context from the tests before: it is on the GPU
+    with matmul_load():
+        time.sleep(2.5)  # past the GPM window (1 s) that opened before the load
+        loaded = readings(4.0)
+    # Every reading is a figure (no NaN, no gap), within 0..1.
+    assert all(r["sm"] is not None and 0 <= r["sm"] <= 1 for r in idle + loaded), (idle, loaded)
+    assert max(r["sm"] for r in idle) < 0.1 and max(r["tensor"] for r in idle) < 0.05, idle
+    # The issue's figures on an H200: SM 96 %, tensor 93 % under this load.
+    assert min(r["sm"] for r in loaded) > 0.8 and min(r["tensor"] for r in loaded) > 0.8, loaded
+    busy = [r["process_sm"] for r in loaded if r["process_sm"] is not None]
+    assert busy and max(busy) > 0.5, loaded
 
 
 def test_the_exporter_never_loads_torch_and_stays_small(exporter: Exporter) -> None:

@@ -12,7 +12,8 @@ a real inferwatch-exporter, and a real Alertmanager routing to a webhook this te
 The machine has no GPU: the exporter runs over the fault-injecting NVML stand-in the exporter's own tests
 use (tests/unit/exporter/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
 series is real exporter output. The series docs/metrics.md marks *CUDA only* (torch's CUDA allocator)
-cannot exist on a CPU demo; expressions that read them are listed and must still parse.
+cannot exist on a CPU demo, nor the blocks of a paged KV cache (continuous batching) on a demo that serves
+through generate; expressions that read them are listed and must still parse.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ VARIABLES = {'"$model"': '".+"', '"$instance"': '".+"', '"$gpu"': '".+"', "$__ra
 # Series created at their first event, which a healthy demo never has: expressions reading them must
 # parse, but cannot return data.
 EVENT_ONLY = {"llm_instrumentation_errors_total": "the instrumentation caught no error"}
+# Series of a paged KV cache, which only continuous batching has: the demo serves through generate.
+PAGED_CACHE_ONLY = {"llm_kv_cache_blocks": "only continuous batching has a paged KV cache"}
 
 # The alert driven end to end, with thresholds a tiny CPU model crosses within seconds. A 50 ms sleep in
 # every decode step leaves tiny-llama's kernels busy well under 40% of the time; without it, most.
@@ -177,6 +180,9 @@ def cannot_have_data(expr: str) -> str | None:
     events = {name for name in names if name in EVENT_ONLY}
     if events:
         return "; ".join(EVENT_ONLY[name] for name in sorted(events))
+    paged = {name for name in names if name in PAGED_CACHE_ONLY}
+    if paged:
+        return "; ".join(PAGED_CACHE_ONLY[name] for name in sorted(paged))
     return None
 
 
@@ -204,11 +210,14 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
     excused = [(where, reason) for where, expr in expressions if (reason := cannot_have_data(expr))]
     for _, expr in expressions:
         stack.prometheus.query(expr)  # parses and evaluates (raises PromQLError otherwise)
-    # Only what docs/metrics.md calls CUDA-only, and the instrumentation's error counter, are excused.
+    # Only what docs/metrics.md calls CUDA-only, the instrumentation's error counter, and the blocks of a
+    # paged KV cache are excused.
     assert {where for where, _ in excused} == {
         "inferwatch-overview.json: Allocator memory",
+        "inferwatch-overview.json: KV-cache blocks used",
         "inferwatch-diagnosis.json: Allocator memory",
         "inferwatch-diagnosis.json: Allocator retries and OOMs",
+        "inferwatch-diagnosis.json: KV-cache blocks used",
         "inferwatch-diagnosis.json: NVML and instrumentation errors",
     }, excused
 

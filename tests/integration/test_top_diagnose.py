@@ -222,13 +222,7 @@ def prometheus_host_bound(prometheus_servers: dict[str, Prometheus]) -> Promethe
 
 def wait_for_history(prometheus: Prometheus, seconds: float) -> float:
     """Until Prometheus holds ``seconds`` of generated-token history; returns the newest sample's time."""
-    expr = f"count_over_time(llm_generation_tokens_total[{int(seconds) + 5}s])"
-    wait_until(
-        lambda: any(float(r["value"][1]) >= seconds for r in prometheus.query(expr)),
-        seconds + 120,
-        f"{seconds}s of llm_generation_tokens_total in Prometheus",
-    )
-    return max(float(r["value"][1]) for r in prometheus.query("timestamp(llm_generation_tokens_total)"))
+    return prometheus.wait_for_history("llm_generation_tokens_total", seconds)
 
 
 # Fluctuation is the coefficient of variation of per-step mean latencies, and on a CPU the demo's latency

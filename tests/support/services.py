@@ -224,6 +224,17 @@ class Prometheus:
 
         wait_until(all_up, timeout, lambda: f"all targets up (last: {self.targets_up()})")
 
+    def wait_for_history(self, selector: str, seconds: float) -> float:
+        """Until ``selector`` has ``seconds`` worth of samples (one a second: the default scrape interval)
+        in some series; returns the newest sample's time."""
+        expr = f"count_over_time({selector}[{int(seconds) + 5}s])"
+        wait_until(
+            lambda: any(float(r["value"][1]) >= seconds for r in self.query(expr)),
+            seconds + 120,
+            f"{seconds}s of {selector} in Prometheus",
+        )
+        return max(float(r["value"][1]) for r in self.query(f"timestamp({selector})"))
+
     def alerts(self) -> list[dict[str, Any]]:
         """Active (pending or firing) alerts as Prometheus sees them."""
         return self.api("alerts")["alerts"]

@@ -22,6 +22,7 @@ from inferwatch.instrumentation.exposition import start_http_server
 from inferwatch.instrumentation.models import build_model, encode_text
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from transformers import GenerationConfig
 
 from tests.support import METRICS_DOC, documented_metrics, http_get
 
@@ -95,6 +96,14 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     ttft = cat.metrics_for(registry, handle.config)[cat.TTFT].labels(MODEL)
     monkeypatch.setattr(ttft, "observe", broken_observe)
     model.generate(prompts[1:], attention_mask=mask[1:], max_new_tokens=3, do_sample=False)
+    monkeypatch.undo()
+    # Continuous batching: its paged cache is reported while its manager is alive.
+    manager = model.init_continuous_batching(
+        generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1)
+    )
+    manager.start()
+    manager.add_request(encode_text("batched"), max_new_tokens=4)
+    assert manager.get_result(timeout=60) is not None
     assert handle.flush()
 
     documented = documented_metrics(SECTION)
@@ -112,4 +121,5 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     assert sorted(set(exposed) - set(documented)) == [], "exposed but not in docs/metrics.md"
     assert sorted(set(documented) - set(exposed)) == [], "in docs/metrics.md but not exposed"
     assert {name: exposed[name] for name in documented} == documented, "types differ"
+    manager.stop(block=True)
     assert sorted(expected_series - with_series) == [], "documented (and not CUDA-only on CPU), no series"

@@ -76,9 +76,16 @@ class Server:
 
 @contextmanager
 def serve(
-    workdir: Path, model_dir: Path, *, force_model: bool, model_timeout: int, name: str
+    workdir: Path,
+    model_dir: Path,
+    *,
+    force_model: bool,
+    model_timeout: int,
+    name: str,
+    options: tuple[str, ...] = (),
 ) -> Iterator[Server]:
-    """Start ``inferwatch run --port P -- transformers serve [DIR] --port Q`` and wait until both answer.
+    """Start ``inferwatch run --port P -- transformers serve [DIR] --port Q [OPTIONS]`` and wait until both
+    answer.
 
     The process runs in its own session; leaving the block kills its process group (``spawn``).
     """
@@ -93,6 +100,7 @@ def serve(
         "--host=127.0.0.1",
         "--device=cpu",
         f"--model-timeout={model_timeout}",
+        *options,
     ]
     with spawn(command, workdir, name=name) as process:
         server = Server(process, api_port, metrics_port, str(model_dir))
@@ -111,6 +119,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("transformers-serve")
     model_dir = write_serve_model(workdir / "model")
     with serve(workdir, model_dir, force_model=True, model_timeout=600, name="serve") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``transformers serve --continuous-batching``: one manager thread schedules every request's prompt
+    and decode tokens together in paged-attention steps; ``generate`` is never called."""
+    workdir = tmp_path_factory.mktemp("transformers-serve-cb")
+    model_dir = write_serve_model(workdir / "model")
+    options = ("--continuous-batching",)
+    with serve(
+        workdir, model_dir, force_model=True, model_timeout=600, name="serve-cb", options=options
+    ) as running:
         yield running
 
 
@@ -205,8 +226,9 @@ def histogram_mean(before: str, after: str, name: str) -> float:
     return delta(before, after, f"{name}_sum") / count
 
 
-@pytest.mark.parametrize("clients", [1, 4])
-def test_latency_and_tokens_match_what_the_clients_see(server: Server, clients: int) -> None:
+def check_latency_and_tokens(server: Server, clients: int) -> str:
+    """Send ``clients`` concurrent streaming chats; the server's requests, tokens, TTFT and E2E must match
+    what the clients measured and were told. Returns the exposition after the requests."""
     before = server.metrics()
     completions = concurrent_chats(server, clients, MAX_TOKENS)
     after = metrics_after(server, before, "llm_e2e_request_latency_seconds_count", clients)
@@ -240,6 +262,28 @@ def test_latency_and_tokens_match_what_the_clients_see(server: Server, clients: 
     )
     assert_close("time to first token", server_ttft, client_ttft)
     assert_close("end-to-end latency", server_e2e, client_total)
+    return after
+
+
+@pytest.mark.parametrize("clients", [1, 4])
+def test_latency_and_tokens_match_what_the_clients_see(server: Server, clients: int) -> None:
+    check_latency_and_tokens(server, clients)
+
+
+def test_continuous_batching_requests_match_what_the_clients_see(batching_server: Server) -> None:
+    # Four clients at once: the manager schedules their prompts and decode tokens together. Each request
+    # is measured as generate's are: from its HTTP arrival to the step that sampled its first token.
+    after = check_latency_and_tokens(batching_server, 4)
+    # The paged cache is read by the background sampler, at its next poll.
+    wait_until(
+        lambda: sample_value(batching_server.metrics(), "llm_kv_cache_blocks", state="total"),
+        timeout=30,
+        what=lambda: f"llm_kv_cache_blocks\n{batching_server.logs()}",
+    )
+    assert value(after, "llm_requests_running") == 0
+    assert value(after, "llm_requests_waiting") == 0
+    assert value(after, "llm_step_tokens_count", kind="decode") > 0
+    assert value(after, "llm_step_tokens_count", kind="prefill") > 0
 
 
 def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> None:
@@ -252,10 +296,8 @@ def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> N
     assert queued > 0, f"llm_request_queue_seconds_sum grew by {queued}\n{server.logs()}"
 
 
-def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
-    # The client closes its stream after a few chunks while generation has far to go: transformers serve
-    # sees the disconnect, calls streamer.cancel(), and generate is aborted by _GenerationCancelled raised
-    # from the streamer's next put(). That is the client's doing, not a failure of the model.
+def hang_up_and_check_cancelled(server: Server) -> None:
+    """A streaming client closes its stream after three chunks: one request ``cancelled``, none failed."""
     before = server.metrics()
     stream = server.client().chat.completions.create(
         model=server.model,
@@ -284,6 +326,20 @@ def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
     }
     assert delta(before, after, "llm_requests_total", status="cancelled") == 1, statuses
     assert delta(before, after, "llm_requests_total", status="error") == 0, statuses
+
+
+def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
+    # The client closes its stream after a few chunks while generation has far to go: transformers serve
+    # sees the disconnect, calls streamer.cancel(), and generate is aborted by _GenerationCancelled raised
+    # from the streamer's next put(). That is the client's doing, not a failure of the model.
+    hang_up_and_check_cancelled(server)
+
+
+def test_a_client_that_hangs_up_from_continuous_batching_is_cancelled(batching_server: Server) -> None:
+    # Under continuous batching the disconnect reaches the manager as cancel_request(request_id).
+    hang_up_and_check_cancelled(batching_server)
+    after = batching_server.metrics()
+    assert value(after, "llm_requests_running") == 0, batching_server.logs()
 
 
 def process_tree_rss(pid: int) -> int:

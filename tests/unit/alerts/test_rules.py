@@ -96,6 +96,8 @@ def test_firing_cases_state_every_label_and_annotation() -> None:
         ({"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.6}}}, "serving.yaml", "50% busy"),
         ({"alerts": {"InferwatchGpuClocksThrottled": {"for": "5m"}}}, "throttling.yaml", "9-minute cap"),
         ({"selectors": {"exporter": 'job="node"'}}, "throttling.yaml", "hardware slowdown fires"),
+        ({"alerts": {"InferwatchKvCacheNearlyFull": {"used_ratio_above": 0.95}}}, "memory.yaml", "95% full"),
+        ({"alerts": {"InferwatchKvCachePreemptions": {"for": "5m"}}}, "memory.yaml", "preempts a request"),
     ],
 )
 def test_promtool_cases_catch_a_changed_rule(

@@ -14,6 +14,7 @@ from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
 
+from tests.support import parse_samples
 from tests.unit.exporter import fake_nvml
 
 MakePoller = Callable[..., Poller]
@@ -52,6 +53,13 @@ def make_poller(fake: Any) -> Iterator[MakePoller]:
 def render(poller: Poller) -> str:
     """The text a scrape of ``poller``'s exporter would return."""
     return Exposition(poller).render(None)[0].decode()
+
+
+def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:
+    """Sum of the samples of ``metric`` for GPU ``gpu`` with ``labels`` (which may include ``name``)."""
+    wanted = {"gpu": str(gpu), **labels}.items()
+    found = [s.value for s in parse_samples(text) if s.name == metric and wanted <= s.labels.items()]
+    return sum(found) if found else None
 
 
 def own_process() -> list[list[int]]:

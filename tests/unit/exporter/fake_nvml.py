@@ -6,15 +6,23 @@ like the real binding: in-process through the ``nvml`` argument, in a subprocess
 ``INFERWATCH_EXPORTER_NVML_MODULE=tests.unit.exporter.fake_nvml``.
 
 Scenario (what the GPUs are), from :func:`reset` or the JSON in ``FAKE_NVML_SCENARIO`` at import:
-``gpus`` (count), ``not_supported`` ({call: [gpu indices]}), ``nvlink`` / ``mig`` (gpu indices that have
-them), ``processes`` ({gpu index: [[pid, bytes], ...]}), ``init_failures`` (nvmlInit fails that often
-first), ``no_library`` (nvmlInit always fails as on a machine without the driver).
+``gpus`` (count), ``not_supported`` ({call: [gpu indices]}), ``failing`` ({call: [gpu indices]}: the call
+fails with an unknown error), ``nvlink`` / ``mig`` (gpu indices that have them), ``no_gpm`` (gpu indices
+whose GPM support query says no), ``gpm_nan`` (gpu indices whose GPM metrics all come back NaN),
+``processes`` ({gpu index: [[pid, bytes], ...]}, or ``[pid, bytes, sm %, memory %]`` for a process
+busy on the GPU), ``init_failures`` (nvmlInit fails that often first), ``no_library`` (nvmlInit always
+fails as on a machine without the driver).
+
+GPM is here for its fault paths: samples live in buffers that must be freed (:func:`gpm_buffers_live`
+counts those not freed), metrics of two samples 100 ms apart or less are NaN as on a real GPU, and the
+values otherwise are constants (:data:`GPM_VALUES`), not a model of a GPU.
 
 Faults during a run, from :func:`command` or one JSON object per line appended to the file named by
 ``FAKE_NVML_CONTROL`` (read before every call): ``{"op": "hang", "gpu": 1, "call": "...", "seconds": 30}``,
 ``{"op": "lose", "gpu": 2}``, ``{"op": "recover", "gpu": 2}``, ``{"op": "xid", "gpu": 0, "xid": 79}``,
 ``{"op": "driver_reset"}`` (calls fail as uninitialised until nvmlInit, and every hardware counter
-restarts from zero, as after a driver reload).
+restarts from zero, as after a driver reload), ``{"op": "mig_slots", "slots": [0]}`` (the MIG devices
+that exist on MIG GPUs from now on, as after a reconfiguration).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
 NVML_GPU_UTILIZATION_SAMPLES = 1
@@ -56,7 +65,12 @@ _MEMORY_TEMP_FIELD = 82
 _VIOLATION_FIELDS = (74, 76, 77, 78, 79, 269, 270, 271)
 _NVLINK_ERROR_FIELDS = (38, 45, 52, 59)
 _NVLINK_LINKS, _NVLINK_ACTIVE = 18, 4
-_MIG_SLOTS, _MIG_PRESENT = 7, (0, 1)
+_MIG_SLOTS = 7
+_GPM_MIN_SECONDS = 0.1
+NVML_GPM_METRIC_MAX = 477
+# GPM metric id -> value (percent, or MiB/s), for the whole GPU; a GPU instance gets half of each.
+GPM_VALUES = {2: 60.0, 3: 25.0, 5: 45.0, 10: 30.0, 11: 0.0, 12: 10.0, 13: 5.0, 20: 100.0, 21: 200.0}
+_GPM_NVLINK_VALUES = {60: 1000.0, 61: 1500.0}  # GPUs with NVLink only
 
 
 class NVMLError(Exception):
@@ -75,8 +89,12 @@ class _Handle:
 class _State:
     gpus: int = 2
     not_supported: dict[str, list[int]] = field(default_factory=dict)
+    failing: dict[str, list[int]] = field(default_factory=dict)
     nvlink: list[int] = field(default_factory=list)
     mig: list[int] = field(default_factory=list)
+    mig_slots: list[int] = field(default_factory=lambda: [0, 1])  # the MIG devices present
+    no_gpm: list[int] = field(default_factory=list)
+    gpm_nan: list[int] = field(default_factory=list)
     processes: dict[int, list[list[int]]] = field(default_factory=dict)
     init_failures: int = 0
     no_library: bool = False
@@ -87,6 +105,7 @@ class _State:
     events: list[tuple[int, int]] = field(default_factory=list)  # (gpu, xid)
     registered: set[int] = field(default_factory=set)
     control_offset: int = 0
+    gpm_buffers: set[int] = field(default_factory=set)  # ids of allocated, not yet freed sample buffers
 
 
 _lock = threading.Condition()
@@ -121,6 +140,8 @@ def _apply(cmd: dict[str, Any]) -> None:
         _state.lost.discard(cmd["gpu"])
     elif op == "xid":
         _state.events.append((cmd["gpu"], cmd["xid"]))
+    elif op == "mig_slots":
+        _state.mig_slots = cmd["slots"]
     elif op == "driver_reset":
         _state.initialized = False
         _state.driver_loaded_at = time.time()
@@ -158,6 +179,8 @@ def _enter(handle: _Handle | None, call: str) -> None:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if handle.gpu in _state.not_supported.get(call, ()):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if handle.gpu in _state.failing.get(call, ()):
+            raise NVMLError(NVML_ERROR_UNKNOWN)
         hang_until = _state.hangs.get((handle.gpu, call), 0.0)
     remaining = hang_until - time.monotonic()
     if remaining > 0:
@@ -433,16 +456,131 @@ def nvmlDeviceGetMaxMigDeviceCount(handle: _Handle) -> int:
 
 def nvmlDeviceGetMigDeviceHandleByIndex(handle: _Handle, slot: int) -> _Handle:
     _enter(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
-    if handle.gpu not in _state.mig or slot not in _MIG_PRESENT:
+    if handle.gpu not in _state.mig or slot not in _state.mig_slots:
         raise NVMLError(NVML_ERROR_NOT_FOUND)
     return _Handle(handle.gpu, slot)
+
+
+def nvmlDeviceGetGpuInstanceId(handle: _Handle) -> int:
+    _enter(handle, "nvmlDeviceGetGpuInstanceId")
+    if handle.mig is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return handle.mig + 1
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[SimpleNamespace]:
     _enter(handle, "nvmlDeviceGetComputeRunningProcesses")
     return [
-        SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in _state.processes.get(handle.gpu, [])
+        SimpleNamespace(pid=entry[0], usedGpuMemory=entry[1])
+        for entry in _state.processes.get(handle.gpu, [])
     ]
+
+
+def nvmlDeviceGetProcessUtilization(handle: _Handle, last_seen_us: int) -> list[SimpleNamespace]:
+    """One sample per busy process, stamped with the latest sample period; NOT_FOUND when none is newer."""
+    _enter(handle, "nvmlDeviceGetProcessUtilization")
+    stamp = int(time.time() * 1e6) // _SAMPLE_PERIOD_US * _SAMPLE_PERIOD_US
+    busy = [entry for entry in _state.processes.get(handle.gpu, []) if len(entry) > 2]
+    if stamp <= last_seen_us or not busy:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return [SimpleNamespace(pid=e[0], timeStamp=stamp, smUtil=e[2], memUtil=e[3]) for e in busy]
+
+
+# --- GPM ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _GpmSample:
+    gpu: int | None = None
+    instance: int | None = None
+    taken_at: float = 0.0
+
+
+class c_nvmlGpmMetricsGet_t:
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: _GpmSample | None = None
+        self.sample2: _GpmSample | None = None
+        self.metrics = [
+            SimpleNamespace(metricId=0, nvmlReturn=NVML_SUCCESS, value=0.0)
+            for _ in range(NVML_GPM_METRIC_MAX)
+        ]
+
+
+def gpm_buffers_live() -> int:
+    """Sample buffers allocated and not freed: 0 once an exporter has stopped."""
+    with _lock:
+        return len(_state.gpm_buffers)
+
+
+def nvmlGpmQueryDeviceSupport(handle: _Handle) -> SimpleNamespace:
+    _enter(handle, "nvmlGpmQueryDeviceSupport")
+    return SimpleNamespace(version=1, isSupportedDevice=0 if handle.gpu in _state.no_gpm else 1)
+
+
+def nvmlGpmSampleAlloc() -> _GpmSample:
+    _enter(None, "nvmlGpmSampleAlloc")
+    sample = _GpmSample()
+    with _lock:
+        _state.gpm_buffers.add(id(sample))
+    return sample
+
+
+def nvmlGpmSampleFree(sample: _GpmSample) -> None:
+    # Host memory going back: unlike the other calls, answered while the library is uninitialised too.
+    with _lock:
+        if id(sample) not in _state.gpm_buffers:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # freed twice, or never allocated
+        _state.gpm_buffers.discard(id(sample))
+
+
+def _gpm_sample(handle: _Handle, instance: int | None, sample: _GpmSample) -> _GpmSample:
+    if handle.gpu in _state.no_gpm or id(sample) not in _state.gpm_buffers:
+        raise NVMLError(
+            NVML_ERROR_NOT_SUPPORTED if handle.gpu in _state.no_gpm else NVML_ERROR_INVALID_ARGUMENT
+        )
+    sample.gpu, sample.instance, sample.taken_at = handle.gpu, instance, time.monotonic()
+    return sample
+
+
+def nvmlGpmSampleGet(handle: _Handle, sample: _GpmSample) -> _GpmSample:
+    _enter(handle, "nvmlGpmSampleGet")
+    return _gpm_sample(handle, None, sample)
+
+
+def nvmlGpmMigSampleGet(handle: _Handle, gpu_instance: int, sample: _GpmSample) -> _GpmSample:
+    _enter(handle, "nvmlGpmMigSampleGet")
+    if handle.gpu not in _state.mig or gpu_instance - 1 not in _state.mig_slots:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return _gpm_sample(handle, gpu_instance, sample)
+
+
+def nvmlGpmMetricsGet(request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+    first, second = request.sample1, request.sample2
+    if (
+        first is None
+        or second is None
+        or first.gpu is None
+        or (first.gpu, first.instance)
+        != (
+            second.gpu,
+            second.instance,
+        )
+    ):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    _enter(_Handle(first.gpu), "nvmlGpmMetricsGet")
+    too_close = second.taken_at - first.taken_at <= _GPM_MIN_SECONDS
+    values = dict(GPM_VALUES)
+    if first.gpu in _state.nvlink and first.instance is None:
+        values.update(_GPM_NVLINK_VALUES)
+    for metric in request.metrics[: request.numMetrics]:
+        value = values.get(metric.metricId)
+        metric.nvmlReturn = NVML_SUCCESS if value is not None else NVML_ERROR_NOT_SUPPORTED
+        if too_close or first.gpu in _state.gpm_nan:
+            value = float("nan")
+        metric.value = (value or 0.0) / (1 if first.instance is None else 2)
+    return request
 
 
 # --- events -------------------------------------------------------------------------------------------

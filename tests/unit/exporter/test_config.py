@@ -13,6 +13,7 @@ def test_defaults() -> None:
     assert config.interval == config.timeout == 1.0
     assert (config.pcie_throughput, config.processes, config.xid, config.host) == (False, True, True, True)
     assert config.gpus == () and config.processes_max == 16
+    assert (config.gpm, config.gpm_window) == (True, 1.0)
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
@@ -37,6 +38,9 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
         (["--collector.timeout", "300ms"], {}, "timeout", 0.3),
         (["--log.level", "warn"], {}, "log_level", "warning"),
         (["--gpus", "all"], {}, "gpus", ()),
+        (["--no-collector.gpm"], {}, "gpm", False),
+        (["--collector.gpm.window", "250ms"], {}, "gpm_window", 0.25),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_GPM_WINDOW": "100ms"}, "gpm_window", 0.1),
     ],
 )
 def test_values(argv: list[str], env: dict[str, str], field: str, expected: object) -> None:
@@ -68,6 +72,11 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
         (["--collector.timeout=50ms"], {}, "--collector.timeout: '50ms' is outside 100ms to 5m"),
         (["--collector.timeout=1h"], {}, "--collector.timeout: '1h' is outside"),
         ([], {"INFERWATCH_EXPORTER_NVML_RETRY_INTERVAL": "10ms"}, "INFERWATCH_EXPORTER_NVML_RETRY_INTERVAL"),
+        (
+            ["--collector.gpm.window=50ms"],
+            {},
+            "--collector.gpm.window: '50ms' is shorter than 100ms, NVML's minimum for GPM",
+        ),
     ],
 )
 def test_bad_values_raise_a_usage_error_naming_the_source(

@@ -2,7 +2,7 @@
 
 The exposition comes from a collection over the NVML stand-in set up so that every collector has
 something to say: several GPUs, one with NVLink and one in MIG mode, a process on a GPU, PCIe throughput
-on, and an XID event delivered.
+on, a GPM window closed, and an XID event delivered.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     fake.reset(gpus=3, nvlink=[0], mig=[1], processes={0: own_process()})
     pid_file = tmp_path / "server.pid"
     pid_file.write_text(str(os.getpid()))
-    poller = make_poller(xid=True, pcie_throughput=True, pid_files=(str(pid_file),))
-    poller.collect()
+    poller = make_poller(xid=True, pcie_throughput=True, pid_files=(str(pid_file),), gpm_window=0.15)
+    poller.collect()  # opens the GPM window ...
+    time.sleep(0.2)
+    poller.collect()  # ... and closes it
     deadline = time.monotonic() + 5
     while poller.xid_events.watched < 3 and time.monotonic() < deadline:
         time.sleep(0.02)

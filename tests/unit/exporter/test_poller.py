@@ -15,16 +15,9 @@ from inferwatch.exporter.poller import GpuJob
 from inferwatch.exporter.selfmetrics import GPU_UP, NVML_ERRORS, Tally
 
 from tests.support import parse_samples, sample_value
-from tests.unit.exporter.conftest import MakePoller, own_process, render
+from tests.unit.exporter.conftest import MakePoller, gpu_value, own_process, render
 
 GIB = 1 << 30
-
-
-def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:
-    """Sum of the samples of ``metric`` for GPU ``gpu`` with ``labels`` (which may include ``name``)."""
-    wanted = {"gpu": str(gpu), **labels}.items()
-    found = [s.value for s in parse_samples(text) if s.name == metric and wanted <= s.labels.items()]
-    return sum(found) if found else None
 
 
 def own_comm() -> str:

@@ -40,6 +40,8 @@ class Serving:
         self.busy = Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r)
         self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", ["model", "device"], registry=r)
         self.headroom = Gauge("llm_kv_cache_headroom_tokens", "", m, registry=r)
+        self.blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
+        self.preemptions = Counter("llm_kv_cache_preemptions", "", m, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "", registry=r)
         Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("m", "cuda:0").set(1)
 
@@ -60,6 +62,9 @@ class Serving:
         headroom: float | None = None,
         queue: float | None = None,
         waiting: int | None = None,
+        blocks_used: int | None = None,
+        blocks_total: int = 1000,
+        preemptions: int | None = None,
     ) -> None:
         for _ in range(tokens):
             self.itl.labels("m").observe(itl)
@@ -83,6 +88,12 @@ class Serving:
             self.headroom.labels("m").set(headroom)
         if waiting is not None:
             self.waiting.labels("m").set(waiting)
+        # A paged KV cache (continuous batching): its blocks, and requests the scheduler preempted.
+        if blocks_used is not None:
+            self.blocks.labels("m", "used").set(blocks_used)
+            self.blocks.labels("m", "total").set(blocks_total)
+        if preemptions is not None:
+            self.preemptions.labels("m").inc(preemptions)
 
 
 class Gpus:
@@ -98,6 +109,11 @@ class Gpus:
         self.used = Gauge("gpu_memory_used_bytes", "", g, registry=r)
         self.clock = Gauge("gpu_clock_hz", "", [*g, "clock"], registry=r)
         self.clock_max = Gauge("gpu_clock_max_hz", "", [*g, "clock"], registry=r)
+        self.utilization = Gauge("gpu_utilization_ratio", "", g, registry=r)
+        gpm = [*g, "gpu_instance"]
+        self.sm_active = Gauge("gpu_sm_active_ratio", "", gpm, registry=r)
+        self.tensor_active = Gauge("gpu_tensor_active_ratio", "", gpm, registry=r)
+        self.fp32_active = Gauge("gpu_fp32_active_ratio", "", gpm, registry=r)
         # The exporter's view of the serving process on the same host.
         self.process_cpu = Counter("inferwatch_process_cpu_seconds", "", ["pid", "comm", "mode"], registry=r)
         self.total.labels("0", "GPU-0").set(80e9)
@@ -110,8 +126,18 @@ class Gpus:
         throttle_duty: float = 0.0,
         free: float = 40e9,
         process_cpu: float = 0.3,
+        utilization: float = 0.9,
+        sm_active: float | None = 0.85,
+        tensor_active: float = 0.6,
+        fp32_active: float = 0.02,
     ) -> None:
+        """``sm_active`` None: a GPU without GPM (before Hopper), which has none of its series."""
         self.process_cpu.labels("4242", "python3", "user").inc(process_cpu)
+        self.utilization.labels("0", "GPU-0").set(utilization)
+        if sm_active is not None:
+            self.sm_active.labels("0", "GPU-0", "").set(sm_active)
+            self.tensor_active.labels("0", "GPU-0", "").set(tensor_active)
+            self.fp32_active.labels("0", "GPU-0", "").set(fp32_active)
         for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):
             self.active.labels("0", "GPU-0", reason).set(1 if reason in reasons else 0)
         self.throttled.labels("0", "GPU-0", "sw_power_cap").inc(throttle_duty)

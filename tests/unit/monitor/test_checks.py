@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from inferwatch.monitor import checklist
-from inferwatch.monitor.checks import Diagnosis, Severity
+from inferwatch.monitor.checks import Diagnosis, Severity, kv_cache
 
 from tests.unit.monitor.simulation import run
 
@@ -17,7 +17,9 @@ def test_a_healthy_process_raises_nothing() -> None:
     diagnosis = run(12, serving=lambda i: {}, gpus=lambda i: {})
     assert diagnosis.findings == []
     assert diagnosis.assessed and not diagnosis.alarming
-    assert set(diagnosis.passed) >= {"host-bound", "throttling", "fluctuation", "oom-risk", "leak"}
+    assert set(diagnosis.passed) >= {
+        "host-bound", "launch-bound", "throttling", "fluctuation", "oom-risk", "leak", "tensor-cores"
+    }  # fmt: skip
 
 
 def test_no_data_is_not_assessed_rather_than_passed() -> None:
@@ -25,8 +27,8 @@ def test_no_data_is_not_assessed_rather_than_passed() -> None:
     assert diagnosis.findings == [] and diagnosis.passed == []
     assert not diagnosis.assessed
     assert set(diagnosis.not_assessed) == {
-        "host-bound", "queueing", "throttling", "fluctuation", "oom-risk", "leak", "bandwidth/compute-bound",
-        "scaling",
+        "host-bound", "launch-bound", "queueing", "throttling", "fluctuation", "oom-risk", "kv-cache",
+        "leak", "bandwidth/compute-bound", "tensor-cores", "scaling",
     }  # fmt: skip
 
 
@@ -148,6 +150,14 @@ def test_kv_headroom_under_one_request() -> None:
     assert finding.summary == "the KV cache has less headroom than one average request needs"
 
 
+def test_kv_headroom_of_a_paged_cache_points_at_the_paged_cache() -> None:
+    # With continuous batching the headroom is what the free blocks hold: "use a paged KV cache" (the
+    # MEMORY item) would be no advice; the paged cache's remedies are.
+    (finding,) = findings(run(4, serving=lambda i: {"headroom": 3000, "blocks_used": 500}), "oom-risk")
+    assert finding.checklist == kv_cache.REMEDIES
+    assert checklist.MEMORY not in finding.checklist
+
+
 def test_an_oom_is_critical() -> None:
     diagnosis = run(4, serving=lambda i: {"ooms": 1 if i == 2 else 0})
     (finding,) = findings(diagnosis, "oom-risk")
@@ -262,3 +272,125 @@ def test_queueing_thresholds_come_from_the_alert_configuration() -> None:
 def test_queueing_without_arrivals_is_not_assessed() -> None:
     diagnosis = run(5, serving=lambda i: {})
     assert "llm_requests_waiting" in diagnosis.not_assessed["queueing"]
+
+
+def test_launch_bound_is_nvml_utilization_without_sm_activity() -> None:
+    # The H200's host-driven loop of 128² matmuls: NVML 20 %, SM active 2 %.
+    diagnosis = run(5, serving=lambda i: {}, gpus=lambda i: {"utilization": 0.2, "sm_active": 0.02})
+    (finding,) = findings(diagnosis, "launch-bound")
+    assert finding.severity == Severity.WARNING
+    assert finding.subject == "GPU 0 on node:8798"
+    assert [e.value for e in finding.evidence] == ["2.0%", "20%", "90%"]
+    assert finding.evidence[0].query == 'max by (instance, gpu) (gpu_sm_active_ratio{gpu_instance=""})'
+    assert finding.evidence[2].query == "sum by (instance, device) (llm_gpu_busy_ratio)"
+    assert finding.checklist == (checklist.COMPILE, checklist.CUDA_GRAPHS, checklist.BATCHING)
+
+
+def test_launch_bound_from_the_models_busy_ratio_alone() -> None:
+    # NVML low (it samples coarsely), the model's forwards fill its wall time, the SMs idle.
+    diagnosis = run(
+        5, serving=lambda i: {"busy": 0.8}, gpus=lambda i: {"utilization": 0.05, "sm_active": 0.05}
+    )
+    (finding,) = findings(diagnosis, "launch-bound")
+    assert "kernels run 80% of the time" in finding.summary
+
+
+def test_busy_sms_or_an_idle_gpu_are_not_launch_bound() -> None:
+    busy = run(5, serving=lambda i: {"busy": 0.95}, gpus=lambda i: {"utilization": 1.0, "sm_active": 0.96})
+    idle = run(5, gpus=lambda i: {"utilization": 0.0, "sm_active": 0.0})
+    assert findings(busy, "launch-bound") == findings(idle, "launch-bound") == []
+    assert "launch-bound" in busy.passed and "launch-bound" in idle.passed
+
+
+def test_without_gpm_launch_bound_and_tensor_cores_are_not_assessed() -> None:
+    diagnosis = run(5, gpus=lambda i: {"sm_active": None})
+    assert "GPM" in diagnosis.not_assessed["launch-bound"]
+    assert "GPM" in diagnosis.not_assessed["tensor-cores"]
+
+
+def test_tensor_cores_idle_while_the_sms_work_is_a_bf16_hint() -> None:
+    diagnosis = run(5, gpus=lambda i: {"sm_active": 0.9, "tensor_active": 0.0, "fp32_active": 0.6})
+    (finding,) = findings(diagnosis, "tensor-cores-idle")
+    assert finding.severity == Severity.INFO
+    assert [e.value for e in finding.evidence] == ["90%", "0.0%", "60%"]
+    assert finding.checklist == (checklist.BF16,)
+    assert not diagnosis.alarming
+
+
+def test_tensor_cores_at_work_or_idle_sms_give_no_hint() -> None:
+    working = run(5, gpus=lambda i: {"sm_active": 0.96, "tensor_active": 0.93})
+    idle = run(5, gpus=lambda i: {"utilization": 0.0, "sm_active": 0.01, "tensor_active": 0.0})
+    assert findings(working, "tensor-cores-idle") == findings(idle, "tensor-cores-idle") == []
+
+
+def test_a_paged_kv_cache_nearly_full() -> None:
+    # Requests hold 950 of 1000 blocks: above InferwatchKvCacheNearlyFull's 90 %.
+    diagnosis = run(5, serving=lambda i: {"blocks_used": 950, "headroom": 800, "waiting": 6})
+    (finding,) = findings(diagnosis, "kv-cache")
+    assert finding.severity == Severity.WARNING
+    assert finding.subject == "model m on node:8797"
+    assert finding.summary.startswith("the paged KV cache is 95% full: new requests wait for free blocks")
+    evidence = {e.what: e for e in finding.evidence}
+    assert evidence["KV-cache blocks used (mean; now)"].value == "95%; 95%"
+    assert evidence["KV-cache blocks used (mean; now)"].query == (
+        'sum by (instance, model) (llm_kv_cache_blocks{state="used"})\n'
+        '  / sum by (instance, model) (llm_kv_cache_blocks{state="total"})'
+    )
+    assert evidence["KV-cache headroom (tokens, now)"].value == "800"
+    assert evidence["requests waiting (mean)"].value == "6"
+    assert "requests preempted per second (mean)" not in evidence
+    # More blocks, fewer tokens per step, shorter generations, more replicas; no CPU offload without
+    # preemptions.
+    assert finding.checklist == (
+        checklist.KV_BLOCKS, checklist.MAX_BATCH_TOKENS, checklist.KV_MAX_NEW_TOKENS, checklist.SCALE_OUT
+    )  # fmt: skip
+    assert diagnosis.alarming
+
+
+def test_a_kv_cache_full_only_at_a_peak_or_at_the_threshold_passes() -> None:
+    # Exactly 90 %: the alert's `>` does not fire, nor does the check. One full step of five is a peak.
+    assert findings(run(5, serving=lambda i: {"blocks_used": 900}), "kv-cache") == []
+    peak = run(5, serving=lambda i: {"blocks_used": 1000 if i == 3 else 500})
+    assert findings(peak, "kv-cache") == []
+    assert "kv-cache" in peak.passed
+
+
+def test_kv_cache_threshold_comes_from_the_alert_configuration() -> None:
+    step = {"blocks_used": 850}
+    assert findings(run(5, serving=lambda i: step), "kv-cache") == []
+    lower = {"alerts": {"InferwatchKvCacheNearlyFull": {"used_ratio_above": 0.8}}}
+    (finding,) = findings(run(5, serving=lambda i: step, alerts=lower), "kv-cache")
+    assert "85% full" in finding.summary
+
+
+def test_preemptions_are_a_finding_with_cpu_offload_among_the_remedies() -> None:
+    # One preemption a second with 70 % of the blocks used: the scheduler frees blocks for a prompt.
+    diagnosis = run(5, serving=lambda i: {"blocks_used": 700, "preemptions": 1})
+    (finding,) = findings(diagnosis, "kv-cache")
+    assert finding.summary.startswith("the continuous-batching scheduler preempts requests")
+    evidence = {e.what: e for e in finding.evidence}
+    assert evidence["requests preempted per second (mean)"].value == "1"
+    assert evidence["requests preempted per second (mean)"].query == (
+        "sum by (instance, model) (rate(llm_kv_cache_preemptions_total[1s]))"
+    )
+    assert evidence["KV-cache blocks used (mean; now)"].value == "70%; 70%"
+    assert finding.checklist[-1] == checklist.CPU_OFFLOAD
+    # Full and preempting: one finding that says both.
+    (both,) = findings(run(5, serving=lambda i: {"blocks_used": 990, "preemptions": 2}), "kv-cache")
+    assert both.summary.startswith("the paged KV cache is 99% full and the scheduler preempts requests")
+
+
+def test_preemptions_are_judged_against_the_preemption_alert() -> None:
+    # InferwatchKvCachePreemptions with 600 per 5m allows 2 a second: 1 a second is no finding.
+    tolerant = {"alerts": {"InferwatchKvCachePreemptions": {"preemptions_above": 600, "window": "5m"}}}
+    step = {"blocks_used": 700, "preemptions": 1}
+    assert findings(run(5, serving=lambda i: step, alerts=tolerant), "kv-cache") == []
+    assert len(findings(run(5, serving=lambda i: step), "kv-cache")) == 1
+
+
+def test_models_without_a_paged_kv_cache_are_not_assessed() -> None:
+    # A model served by generate: no blocks, and a preemption counter that stays at zero.
+    diagnosis = run(5, serving=lambda i: {"headroom": 50000, "preemptions": 0})
+    assert findings(diagnosis, "kv-cache") == []
+    assert "llm_kv_cache_blocks" in diagnosis.not_assessed["kv-cache"]
+    assert "continuous batching" in diagnosis.not_assessed["kv-cache"]

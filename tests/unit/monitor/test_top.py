@@ -11,6 +11,7 @@ from inferwatch.cli import main as cli_main
 from inferwatch.monitor import top
 from inferwatch.monitor.frame import build_frame
 from inferwatch.monitor.scrape import EndpointScrape
+from inferwatch.monitor.top import GPU_COLUMNS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rich.console import Console
 
@@ -28,6 +29,9 @@ def exporter_registry(throttle: str | None) -> CollectorRegistry:
 
     Gauge("gpu_info", "", [*g, "name"], registry=r).labels(**labels, name="Test GPU").set(1)
     gauge("gpu_utilization_ratio", 0.75)
+    sm_active = Gauge("gpu_sm_active_ratio", "", [*g, "gpu_instance"], registry=r)
+    sm_active.labels(**labels, gpu_instance="").set(0.04)  # far below utilization: launch-bound
+    sm_active.labels(**labels, gpu_instance="1").set(0.5)  # a MIG instance: not the GPU's figure
     gauge("gpu_memory_used_bytes", 60 * 2**30)
     gauge("gpu_memory_free_bytes", 20 * 2**30)
     gauge("gpu_memory_total_bytes", 80 * 2**30)
@@ -91,6 +95,10 @@ def test_frame_values() -> None:
     (gpu,) = frame.gpus
     assert (gpu.instance, gpu.gpu, gpu.name) == ("node:8798", "0", "Test GPU")
     assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
+    assert gpu.sm_active == 0.04
+    assert (
+        top._gpu_cells(gpu)[GPU_COLUMNS.index("SM active")].style == "yellow"
+    )  # 4 % of the SMs at 75 %: launch-bound
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
     (model,) = frame.models
@@ -118,6 +126,7 @@ def test_render_shows_the_figures() -> None:
     text = rendered(build_frame(*two_rounds()))
     assert "60.0/80.0 GiB" in text and "25%" in text  # used/total, free share
     assert "412/700 W" in text
+    assert "SM active" in text and "4.0%" in text
     assert "1410/1980 MHz" in text
     assert "86/89 °C" in text
     assert "sw_power_cap" in text and "gpu_idle" not in text
@@ -137,6 +146,41 @@ def test_waiting_and_queue_time_above_the_alert_thresholds_are_yellow() -> None:
     quiet = top._model_cells(dataclasses.replace(model, requests_waiting=4, queue_p99_seconds=None))
     assert quiet[top.MODEL_COLUMNS.index("waiting")].style == ""
     assert str(quiet[top.MODEL_COLUMNS.index("queue p99")]) == "-"
+
+
+def paged_rounds() -> tuple:
+    """A continuous-batching model with a paged KV cache 94 % full that preempts 3 requests in the 2 s
+    window, next to a model served by generate whose preemption counter stays at zero."""
+    r = CollectorRegistry()
+    blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
+    blocks.labels("cb", "used").set(470)
+    blocks.labels("cb", "total").set(500)
+    preemptions = Counter("llm_kv_cache_preemptions", "", ["model"], registry=r)
+    preemptions.labels("cb").inc(10)
+    preemptions.labels("gen").inc(0)
+    first = snapshot(endpoint(r, 10.0, "serving:8797"))
+    preemptions.labels("cb").inc(3)
+    return first, snapshot(endpoint(r, 12.0, "serving:8797"))
+
+
+def test_paged_kv_cache_blocks_and_preemptions() -> None:
+    cb, gen = build_frame(*paged_rounds()).models
+    assert (cb.model, gen.model) == ("cb", "gen")
+    assert cb.kv_blocks_used_ratio == 0.94
+    assert cb.kv_preemptions_per_second == 1.5  # 3 in 2 s; the 10 before the window do not count
+    assert gen.kv_blocks_used_ratio is None and gen.kv_preemptions_per_second == 0.0
+    cells = {name: top._model_cells(cb)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
+    # Yellow above InferwatchKvCacheNearlyFull's 90 % and InferwatchKvCachePreemptions' none per 5m.
+    assert (str(cells["KV blocks used"]), cells["KV blocks used"].style) == ("94%", "yellow")
+    assert (str(cells["preempt/s"]), cells["preempt/s"].style) == ("1.5", "yellow")
+    # Without a paged cache both are "-", not a misleading 0.
+    quiet = {name: top._model_cells(gen)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
+    assert str(quiet["KV blocks used"]) == "-" and str(quiet["preempt/s"]) == "-"
+    calm = top._model_cells(dataclasses.replace(cb, kv_blocks_used_ratio=0.9, kv_preemptions_per_second=0.0))
+    assert [calm[top.MODEL_COLUMNS.index(c)].style for c in ("KV blocks used", "preempt/s")] == ["", ""]
+    assert str(calm[top.MODEL_COLUMNS.index("preempt/s")]) == "0"
+    text = rendered(build_frame(*paged_rounds()))
+    assert "KV blocks used" in text and "preempt/s" in text and "94%" in text
 
 
 def test_render_shows_a_down_endpoint() -> None:

@@ -1,0 +1,130 @@
+"""Profiling metrics from NVML's GPM (GPU Performance Monitoring; Hopper and newer): how busy the SMs,
+tensor cores and DRAM really are, where ``gpu_utilization_ratio`` only says that some kernel ran.
+
+A launch-bound decode loop of tiny kernels keeps NVML's utilization at 20-100 % while the SMs idle (an
+H200: 17-25 % utilization, 2 % SM activity); GPM tells the two apart, as DCGM's profiling fields do,
+without DCGM. Each metric is NVML's ratio between two samples of the GPU's counters; the window between
+them is ``--collector.gpm.window``, independent of the poll interval: a poll that comes before the window
+is up serves the values of the last window again. Per GPU instance too when MIG is on (label
+``gpu_instance``; empty for the whole GPU). PCIe throughput comes from GPM where it exists, with no
+blocking 20 ms reading. A GPU without GPM has none of these series and counts ``not_supported`` once.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..nvml import GPM_MIN_SECONDS, GpuContext
+from ..samples import GPU_LABELS, MetricSpec, gpu_gauge
+from .mig import mig_devices
+from .pcie_throughput import RX as PCIE_RX
+from .pcie_throughput import TX as PCIE_TX
+
+
+def _activity(name: str, help_: str) -> MetricSpec:
+    return MetricSpec(
+        name, "gauge", f"{help_}, over the GPM window (NVML GPM).", (*GPU_LABELS, "gpu_instance")
+    )
+
+
+SM_ACTIVE = _activity("gpu_sm_active_ratio", "Fraction of the SMs busy with at least one warp")
+SM_OCCUPANCY = _activity("gpu_sm_occupancy_ratio", "Warps resident on the SMs against the most they can hold")
+TENSOR_ACTIVE = _activity("gpu_tensor_active_ratio", "Fraction of time the tensor cores worked (any type)")
+DRAM_ACTIVE = _activity("gpu_dram_active_ratio", "Device memory bandwidth used against its peak")
+FP16_ACTIVE = _activity(
+    "gpu_fp16_active_ratio", "Fraction of time the SMs did FP16 math outside tensor cores"
+)
+FP32_ACTIVE = _activity(
+    "gpu_fp32_active_ratio", "Fraction of time the SMs did FP32 math outside tensor cores"
+)
+FP64_ACTIVE = _activity(
+    "gpu_fp64_active_ratio", "Fraction of time the SMs did FP64 math outside tensor cores"
+)
+NVLINK_TX = gpu_gauge(
+    "gpu_nvlink_tx_bytes_per_second", "NVLink bytes sent per second, all links, over the GPM window."
+)
+NVLINK_RX = gpu_gauge(
+    "gpu_nvlink_rx_bytes_per_second", "NVLink bytes received per second, all links, over the GPM window."
+)
+
+# NVML_GPM_METRIC_* ids (nvmlGpmMetricId_t, part of the C ABI). Activities come in percent, throughputs
+# in MiB/s.
+_ACTIVITIES: tuple[tuple[MetricSpec, int], ...] = (
+    (SM_ACTIVE, 2),  # SM_UTIL
+    (SM_OCCUPANCY, 3),  # SM_OCCUPANCY
+    (TENSOR_ACTIVE, 5),  # ANY_TENSOR_UTIL
+    (DRAM_ACTIVE, 10),  # DRAM_BW_UTIL
+    (FP16_ACTIVE, 13),  # FP16_UTIL
+    (FP32_ACTIVE, 12),  # FP32_UTIL
+    (FP64_ACTIVE, 11),  # FP64_UTIL
+)
+_THROUGHPUTS: tuple[tuple[MetricSpec, int], ...] = (
+    (PCIE_TX, 20),  # PCIE_TX_PER_SEC
+    (PCIE_RX, 21),  # PCIE_RX_PER_SEC
+    (NVLINK_RX, 60),  # NVLINK_TOTAL_RX_PER_SEC
+    (NVLINK_TX, 61),  # NVLINK_TOTAL_TX_PER_SEC
+)
+_ACTIVITY_IDS = tuple(metric for _, metric in _ACTIVITIES)
+# Throughputs are of the whole GPU's links: a GPU instance is asked for its activities only.
+_GPU_IDS = _ACTIVITY_IDS + tuple(metric for _, metric in _THROUGHPUTS)
+_MIB = 1 << 20
+
+
+class GpmCollector:
+    name = "gpm"
+
+    def __init__(self, window: float, interval: float) -> None:
+        # A window closes at the poll nearest its length, up to half an interval early rather than almost
+        # a whole one late: with 1 s polls and a 1 s window, a poll 1 ms early must not double the window.
+        self._closes_after = max(window - min(window, interval) / 2, GPM_MIN_SECONDS)
+
+    def collect(self, gpu: GpuContext) -> None:
+        if not gpu.gpm_supported():
+            return
+        values = self._window_values(gpu, None, _GPU_IDS)
+        self._emit_activities(gpu, values, "")
+        for spec, metric in _THROUGHPUTS:
+            if metric in values:
+                gpu.emit(spec, values[metric] * _MIB)
+        instances = _gpu_instances(gpu)
+        for instance in sorted(instances):
+            self._emit_activities(gpu, self._window_values(gpu, instance, _ACTIVITY_IDS), str(instance))
+        gpu.device.release(
+            gpu.nvml, [key for key in gpu.device.gpm if key is not None and key not in instances]
+        )
+
+    def _window_values(
+        self, gpu: GpuContext, instance: int | None, metric_ids: tuple[int, ...]
+    ) -> dict[int, float]:
+        """The metrics of the GPU, or of one GPU instance, over the last window that closed; {} until one
+        has. A window spans only collections that all got this far: after a lost, hung or failed one (a
+        reset GPU restarts its counters) a new window opens."""
+        buffers = gpu.gpm_buffers(instance)
+        if buffers is None:
+            return {}
+        collection = gpu.device.collections
+        if buffers.opened_at is None or buffers.collection != collection - 1:
+            buffers.values = {}
+            buffers.opened_at = time.monotonic() if gpu.gpm_sample(buffers.opened, instance) else None
+        elif time.monotonic() - buffers.opened_at > self._closes_after:
+            if not gpu.gpm_sample(buffers.spare, instance):
+                return {}
+            closed_at = time.monotonic()
+            buffers.close_window(closed_at, gpu.gpm_metrics(buffers.opened, buffers.spare, metric_ids))
+        buffers.collection = collection
+        return buffers.values
+
+    @staticmethod
+    def _emit_activities(gpu: GpuContext, values: dict[int, float], instance: str) -> None:
+        for spec, metric in _ACTIVITIES:
+            if metric in values:
+                gpu.emit(spec, values[metric] / 100, instance)
+
+
+def _gpu_instances(gpu: GpuContext) -> set[int]:
+    """The GPU instance ids of a GPU in MIG mode (several MIG devices may share one instance)."""
+    mode = gpu.read("nvmlDeviceGetMigMode")
+    if not mode or not mode[0]:
+        return set()
+    found = (gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle) for _, handle in mig_devices(gpu))
+    return {instance for instance in found if instance is not None}
