@@ -16,11 +16,11 @@ scraped by
 or SIGINT (alternating), ``--tries`` times: exit status, seconds to exit, port free afterwards.
 
 ``instrumentation``: a serving loop in a process of its own (small-llama, instrumented, one torch thread,
-greedy requests of 32 prompt and 32 new tokens without pause, metrics on ``start_http_server``), its
-tokens/s measured over windows that take turns: unscraped, 50 keep-alive scrapers at one scrape a
-second, 50 scrapers back to back, 1000 connections trickling a byte a second; each loaded window's
-tokens/s against the mean of the unscraped windows on either side, the scrapers' latencies, and the
-CPU of the endpoint's thread.
+greedy requests of 32 prompt and 32 new tokens without pause, metrics on ``start_http_server``), scraped
+with Prometheus' request headers (gzip accepted), its tokens/s measured over windows that take turns:
+unscraped, 50 keep-alive scrapers at one scrape a second, 50 scrapers back to back, 1000 connections
+trickling a byte a second; each loaded window's tokens/s against the mean of the unscraped windows on
+either side, the scrapers' latencies, and the CPU of the endpoint's thread.
 
 ``--baseline DIR`` runs the same against an older tree laid out as a package, e.g. the commit before
 issue 15::
@@ -281,7 +281,7 @@ def tokens_per_second(requests: Path, start: float, end: float) -> float:
 
 
 async def window(port: int, pid: int, requests: Path, kind: str, seconds: float) -> dict[str, Any]:
-    target = Target("127.0.0.1", port)
+    target = Target("127.0.0.1", port, headers=load.PROMETHEUS_HEADERS)
     until = time.monotonic() + seconds
     out, watch, slow = Latencies(), ProcessWatch(pid, thread="inferwatch-http"), Hostile()
     started = time.monotonic()
