@@ -349,9 +349,13 @@ class Load:
             ]
             while not self._stop.is_set():
                 await asyncio.sleep(0.05)
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            # Python 3.11's wait_for loses a cancellation that arrives as its inner await completes (fixed
+            # in 3.12): a scraper could go on for the hour; cancel again until every one has stopped.
+            while jobs:
+                for job in jobs:
+                    job.cancel()
+                _, still_running = await asyncio.wait(jobs, timeout=0.5)
+                jobs = list(still_running)
 
         asyncio.run(scrapers())
 
