@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -19,6 +19,9 @@ from .server import ExporterServer
 from .webconfig import load_web_config
 
 log = logging.getLogger("inferwatch.exporter")
+
+# SIGTERM and SIGINT stop the exporter; SIGHUP reloads the web config file.
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 def version() -> str:
@@ -45,18 +48,30 @@ def load_nvml(config: ExporterConfig) -> ModuleType | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the exporter until SIGTERM or SIGINT; 2 on bad configuration."""
+    """Run the exporter until SIGTERM or SIGINT (exit 0); 2 on bad configuration."""
+    # Until the loop handles them, the stop signals wait (pending) instead of killing the process, and
+    # every thread started meanwhile keeps them blocked, so they reach the main thread.
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    prepared = _prepare(argv)
+    if isinstance(prepared, int):
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        return prepared
+    return asyncio.run(_serve(*prepared))
+
+
+def _prepare(argv: Sequence[str] | None) -> int | tuple[ExporterConfig, Poller, ExporterServer]:
+    """Everything checked and bound, or the exit status when there is nothing to serve."""
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
         if config is None:
             print(f"{PROG} {version()}")
             return 0
-        web = load_web_config(config.web_config_file)
         logging.basicConfig(
             level=config.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
+        web = load_web_config(config.web_config_file)
         poller = Poller(config, load_nvml(config), version())
         server = ExporterServer(
             config.listen_host,
@@ -74,20 +89,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         flag = f"--web.listen-address (or ${ENV_PREFIX}WEB_LISTEN_ADDRESS)"
         print(f"{PROG}: {exc.strerror}; change {flag}", file=sys.stderr)
         return 2
+    return config, poller, server
 
-    stop = threading.Event()
+
+async def _serve(config: ExporterConfig, poller: Poller, server: ExporterServer) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    poller.start()
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    scheme = "https" if web.ssl_context is not None else "http"
+        loop.add_signal_handler(signum, stop.set)
+    reloads: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+
+    def reload() -> None:
+        task = loop.create_task(_reload(config, server))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    poller.start()  # its threads keep the signals blocked: they are the main thread's
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    await server.start()
+    scheme = "https" if server.web.ssl_context is not None else "http"
     log.info("serving %s://%s%s", scheme, config.listen_address, config.telemetry_path)
-    stop.wait()
+    await stop.wait()
+    # Blocked again for good: a second signal while the process exits must not kill it mid-way.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     log.info("shutting down")
-    server.shutdown()
-    server.server_close()
+    await server.stop()
     poller.stop()
     return 0
+
+
+async def _reload(config: ExporterConfig, server: ExporterServer) -> None:
+    """SIGHUP: read the web config file again; a file that does not load leaves the previous one in use."""
+    if not config.web_config_file:
+        log.info("SIGHUP: no --web.config.file to reload")
+        return
+    try:
+        # Off the loop: loading checks every bcrypt hash, tens of milliseconds each.
+        web = await asyncio.get_running_loop().run_in_executor(None, load_web_config, config.web_config_file)
+    except ConfigError as exc:
+        log.error("SIGHUP: %s; keeping the previous web configuration", exc)
+        return
+    await server.apply_web_config(web)
+    log.info("SIGHUP: web configuration reloaded from %s", config.web_config_file)
 
 
 if __name__ == "__main__":

@@ -62,9 +62,31 @@ class ExporterConfig:
 # --- value parsers: each raises ValueError with a message that reads well after "flag: " ---------------
 
 
-def parse_optional_duration(value: str) -> float | None:
-    """A duration, or None for an empty value (unset)."""
-    return parse_duration(value) if value.strip() else None
+def bounded_duration(low: str, high: str) -> Callable[[str], float]:
+    """A parser of durations from ``low`` to ``high`` (both written as durations, and included).
+
+    Outside sane limits a duration is a mistake, not a setting: a 1 ms poll interval burns a core and
+    floods the log, and one of 99999999999h overflows the thread waits it becomes.
+    """
+    lowest, highest = parse_duration(low), parse_duration(high)
+
+    def parse(value: str) -> float:
+        seconds = parse_duration(value)
+        if not lowest <= seconds <= highest:
+            raise ValueError(f"{value!r} is outside {low} to {high}")
+        return seconds
+
+    return parse
+
+
+MAX_TIMEOUT = "5m"
+parse_interval = bounded_duration("100ms", "1h")
+parse_timeout = bounded_duration("100ms", MAX_TIMEOUT)
+
+
+def parse_optional_timeout(value: str) -> float | None:
+    """A collection timeout, or None for an empty value (unset: the poll interval)."""
+    return parse_timeout(value) if value.strip() else None
 
 
 def parse_gpm_window(value: str) -> float:
@@ -184,19 +206,19 @@ OPTIONS = (
     Option(
         "--collector.interval",
         "interval",
-        parse_duration,
+        parse_interval,
         "1s",
-        "how often to poll NVML and the host",
+        "how often to poll NVML and the host (100ms to 1h)",
         metavar="DURATION",
     ),
     Option(
         "--collector.timeout",
         "timeout",
-        parse_optional_duration,
+        parse_optional_timeout,
         "",
-        "how long a poll waits for one GPU's NVML calls before serving that GPU as down (stale)",
+        "how long one NVML call may run before its GPU is served as down, hung (100ms to 5m)",
         metavar="DURATION",
-        default_help="the poll interval",
+        default_help=f"the poll interval, at most {MAX_TIMEOUT}",
     ),
     Option(
         "--collector.pcie-throughput",
@@ -283,9 +305,9 @@ OPTIONS = (
     Option(
         "--nvml.retry-interval",
         "nvml_retry_interval",
-        parse_duration,
+        parse_interval,
         "30s",
-        "how often to retry initialising NVML while it is unavailable",
+        "how often to retry initialising NVML while it is unavailable (100ms to 1h)",
         metavar="DURATION",
     ),
     Option(
@@ -376,7 +398,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
         values[option.field] = given
     host, port = values.pop("listen_address")
     if values["timeout"] is None:
-        values["timeout"] = values["interval"]
+        values["timeout"] = min(values["interval"], parse_duration(MAX_TIMEOUT))
     return ExporterConfig(
         listen_host=host,
         listen_port=port,

@@ -24,6 +24,7 @@ import ctypes
 import importlib
 import logging
 import math
+import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -192,14 +193,16 @@ class GpuContext:
     """One collection of one GPU: the calls collectors make, and the samples they emit.
 
     Runs on a worker thread of its own, so that a call that hangs holds up only this GPU. The poller reads
-    :attr:`current_call` to name the call that hung.
+    :attr:`current` to see how long the call in progress has been running, and to name it if it hangs.
     """
 
     def __init__(self, nvml: ModuleType, device: GpuDevice, errors: Tally) -> None:
         self.nvml = nvml
         self.device = device
         self.samples: list[Sample] = []
-        self.current_call: str | None = None
+        # The NVML call in progress and when it started (time.monotonic()), set in one assignment so that
+        # the poller's thread never sees one without the other.
+        self.current: tuple[str, float] | None = None
         self.process_ids: set[int] = set()
         self._errors = errors
         self._turn = device.collections % len(FIRMWARE_READINGS)
@@ -414,7 +417,7 @@ class GpuContext:
         if fn is None:  # a binding older than the call
             self._learn(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
             return None
-        self.current_call = call
+        self.current = (call, time.monotonic())
         try:
             return invoke(fn)
         except self.nvml.NVMLError as exc:
@@ -432,7 +435,7 @@ class GpuContext:
             log.debug("GPU %d: %s failed: %s", self.device.index, call, exc)
             return None
         finally:
-            self.current_call = None
+            self.current = None
 
     def _learn(self, key: Hashable, call: str, code: int, learn: bool) -> None:
         self._errors.add(call, error_label(code))

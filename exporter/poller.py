@@ -1,11 +1,15 @@
 """The background poller: collects every interval into an immutable snapshot that scrapes read.
 
-Each collection reads every GPU on a daemon thread of its own and waits for all of them until one
-deadline (``--collector.timeout``). A GPU whose thread has not finished by then is served as down: its
-series are left out, ``gpu_up`` is 0, its ``..._gpu_last_collect_timestamp_seconds`` stops advancing, and
-the call it is stuck in is counted once as ``error="hung"``. While that thread stays stuck, later
-collections do not start another for the GPU (threads do not pile up); the other GPUs and the host are
-collected as usual. A watchdog thread counts a collection that runs past the interval while it runs.
+Each collection reads every GPU on a daemon thread of its own and waits for all of them. A GPU is hung
+when one of its NVML calls has run for ``--collector.timeout`` without returning: the poll stops waiting
+for it, it is served as down (its series left out, ``gpu_up`` 0, its
+``..._gpu_last_collect_timestamp_seconds`` no longer advancing), and the call is counted once as
+``error="hung"``. The time is measured on the call itself, from when the thread entered it: a thread
+that waits for the CPU before it starts or between two calls (a busy machine, a flood of scrapes) makes
+the poll late, never the GPU hung. While that thread stays stuck, later collections do not start another
+for the GPU, not even across a driver reset (jobs are kept by GPU UUID, not by NVML session); the other
+GPUs and the host are collected as usual. A watchdog thread counts a collection that runs past the
+interval while it runs.
 
 NVML unavailable (no driver, no library): the poller serves host metrics with ``inferwatch_nvml_up 0``
 and retries initialising every ``--nvml.retry-interval``. NVML failing later (driver reset): the session
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 from enum import Enum
 from types import ModuleType
 from typing import TypeVar
+
+from inferwatch.common.lograte import RateLimit
 
 from .collectors import GpuCollector, HostCollector, HostContext, gpu_collectors, host_collectors
 from .config import ExporterConfig
@@ -46,6 +52,12 @@ from .selfmetrics import (
 from .xid import XidEvents, XidWatcher
 
 log = logging.getLogger(__name__)
+log.addFilter(RateLimit())
+
+#: How long stopping waits for a collection in progress before leaving it to the exiting process.
+STOP_WAIT_SECONDS = 0.25
+#: The ``collector`` label under which a collection that failed as a whole is counted.
+POLLER = "poller"
 
 Context = TypeVar("Context", GpuContext, HostContext)
 
@@ -108,10 +120,20 @@ class GpuJob:
         self._started = time.perf_counter()
         self._thread.start()
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True when the job has finished."""
-        self._thread.join(max(timeout, 0.0))
-        return not self._thread.is_alive()
+    def wait(self, call_timeout: float) -> bool:
+        """Wait for the job to end: True when it has, False once one of its NVML calls has been running for
+        ``call_timeout`` seconds (hung). Waiting for the CPU, before the first call or between calls, is
+        not held against the GPU."""
+        while self._thread.is_alive():
+            current = self.context.current
+            if current is None:  # not started yet, or between two calls: it is making progress
+                self._thread.join(call_timeout)
+                continue
+            remaining = current[1] + call_timeout - time.monotonic()
+            if remaining <= 0:
+                return not self._thread.is_alive()
+            self._thread.join(remaining)
+        return True
 
     def _run(self) -> None:
         try:
@@ -137,7 +159,7 @@ class Poller:
         self._host_collectors = host_collectors(config)
         self._counters = MonotonicCounters()
         self.nvml_errors = Tally(NVML_ERRORS)
-        names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)]
+        names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
         self.collector_errors = Tally(COLLECTOR_ERRORS, preset=[(name,) for name in names])
         self.overruns = Tally(OVERRUNS, preset=[()])
         self.xid_events = XidEvents()
@@ -148,7 +170,9 @@ class Poller:
         self._xid_watcher: XidWatcher | None = None
         self._next_init = 0.0
         self._nvml_down_logged = False
-        self._jobs: dict[GpuDevice, GpuJob] = {}
+        # By GPU UUID, not by device: a reinitialised session must not start a second thread for a GPU
+        # whose previous one is still stuck in NVML.
+        self._jobs: dict[str, GpuJob] = {}
         # By GPU labels rather than device, so that they carry over a reinitialisation.
         self._last_read: dict[tuple[str, str], tuple[float, float]] = {}  # -> (finished at, elapsed)
         self._down: set[tuple[str, str]] = set()
@@ -167,12 +191,14 @@ class Poller:
         self._loop_thread.start()
         threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
 
-    def stop(self) -> None:
-        """Stop polling: let the running collection end (it is bounded by the collector timeout), then
-        shut NVML down unless a GPU thread is still stuck in it."""
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
+        """Stop polling: give the running collection ``wait`` seconds to end, then shut NVML down unless a
+        collection or a GPU thread is still inside it (the process is about to exit and frees it)."""
         self._stop.set()
         if self._loop_thread is not None:
-            self._loop_thread.join(self._config.timeout + 1.0)
+            self._loop_thread.join(wait)
+            if self._loop_thread.is_alive():
+                return
         if self._session is not None:
             self._close_session()
 
@@ -193,7 +219,11 @@ class Poller:
     def _loop(self) -> None:
         due = time.monotonic()
         while not self._stop.is_set():
-            self.collect()
+            try:
+                self.collect()
+            except Exception:  # a bug must cost one collection, not every later one
+                self.collector_errors.add(POLLER)
+                log.exception("collection failed; trying again at the next interval")
             due += self._config.interval
             now = time.monotonic()
             due = max(due, now)  # after an overrun, start again at once rather than catch up in a burst
@@ -230,9 +260,7 @@ class Poller:
         samples.append(Sample(NVML_UP, (), 1.0 if session is not None else 0.0))
         gpu_pids: set[int] = set()
         if session is not None:
-            samples += self._collect_gpus(
-                session, started + self._config.timeout, durations, failures, gpu_pids
-            )
+            samples += self._collect_gpus(session, durations, failures, gpu_pids)
         host = HostContext(gpu_pids)
         run_collectors(self._host_collectors, host, durations, failures)
         samples += host.samples
@@ -258,27 +286,26 @@ class Poller:
     def _collect_gpus(
         self,
         session: NvmlSession,
-        deadline: float,
         durations: dict[str, float],
         failures: list[tuple[str, BaseException]],
         gpu_pids: set[int],
     ) -> list[Sample]:
         started: dict[GpuDevice, GpuJob] = {}
         for device in session.devices:
-            previous = self._jobs.get(device)
+            previous = self._jobs.get(device.uuid)
             if previous is not None and previous.outcome is Outcome.RUNNING:
                 continue  # still stuck in an NVML call: do not stack another thread on it
             if previous is not None and previous.hang_reported:
                 log.info("GPU %d: the hung NVML call returned after %.1fs", device.index, previous.elapsed)
             job = GpuJob(GpuContext(session.nvml, device, self.nvml_errors), self._gpu_collectors)
             job.start()
-            self._jobs[device] = started[device] = job
+            self._jobs[device.uuid] = started[device] = job
 
         samples: list[Sample] = []
         nvml_gone = ""
         for device in session.devices:
-            job = self._jobs[device]
-            finished = job.wait(deadline - time.monotonic()) if device in started else False
+            job = self._jobs[device.uuid]
+            finished = job.wait(self._config.timeout) if device in started else False
             up = finished and job.outcome is Outcome.OK
             if up:
                 samples += self._adjusted(job.context.samples)
@@ -315,7 +342,8 @@ class Poller:
         if job.hang_reported:
             return
         job.hang_reported = True
-        call = job.context.current_call or "unknown"
+        current = job.context.current
+        call = current[0] if current is not None else "unknown"
         self.nvml_errors.add(call, HUNG)
         log.warning(
             "GPU %d (%s): %s has not returned within %.2fs; serving the GPU as down until it does",
@@ -383,4 +411,6 @@ class Poller:
             self._xid_watcher = None
         if session is None:
             return
-        session.close(busy={device for device, job in self._jobs.items() if job.outcome is Outcome.RUNNING})
+        # A stuck job may belong to an earlier session (jobs are kept by UUID): its device still counts.
+        stuck = {job.context.device for job in self._jobs.values() if job.outcome is Outcome.RUNNING}
+        session.close(busy=stuck)

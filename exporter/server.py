@@ -1,26 +1,40 @@
-"""The HTTP endpoint: metrics, health, readiness, and a landing page; TLS and basic auth when configured.
+"""The HTTP endpoint: metrics, health, readiness, and a landing page; TLS, basic auth and extra headers
+from the web config, which :meth:`ExporterServer.apply_web_config` replaces while serving (SIGHUP).
 
-A thread per connection (``ThreadingHTTPServer``) keeps one slow client from holding up another; an idle
-or stalled connection is dropped after :attr:`_Handler.timeout`, so threads cannot pile up. TLS
-handshakes run on the connection's thread, not the accepting one, for the same reason.
+It runs on the asyncio loop of the caller (the exporter's main thread) through
+:mod:`inferwatch.common.httpserver`: one thread for every connection, with idle, slow-request and
+connection limits. Checking a password with bcrypt takes tens of milliseconds, so it runs on a small
+pool of its own threads, never on the loop; a flood of wrong passwords waits there (bounded) while
+scrapes with remembered credentials go on.
 """
 
 from __future__ import annotations
 
-import gzip
+import asyncio
 import logging
-import socket
-import ssl
-import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
+
+from inferwatch.common.httpserver import (
+    HttpServer,
+    Limits,
+    Receive,
+    Scope,
+    Send,
+    bind,
+    request_headers,
+    respond,
+)
+from inferwatch.common.lograte import RateLimit
 
 from .errors import ListenError
 from .exposition import Exposition
-from .webconfig import WebConfig
+from .webconfig import BasicAuth, WebConfig
 
 log = logging.getLogger(__name__)
+http_log = logging.getLogger(__name__ + ".http")
+http_log.addFilter(RateLimit())
 
 _LANDING = """<!DOCTYPE html>
 <html><head><title>inferwatch exporter</title></head>
@@ -29,11 +43,14 @@ _LANDING = """<!DOCTYPE html>
 <ul><li><a href="{path}">{path}</a></li><li><a href="/-/healthy">/-/healthy</a></li>
 <li><a href="/-/ready">/-/ready</a></li></ul></body></html>
 """
+_TEXT = "text/plain; charset=utf-8"
+# bcrypt checks running at once, and waiting at most: beyond, unremembered credentials are answered 503.
+_BCRYPT_THREADS = 2
+_BCRYPT_QUEUE = 16
 
 
-class ExporterServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
+class ExporterServer:
+    """Binds at construction (so a taken port fails before anything starts), serves from :meth:`start`."""
 
     def __init__(
         self,
@@ -43,100 +60,92 @@ class ExporterServer(ThreadingHTTPServer):
         ready: threading.Event,
         telemetry_path: str = "/metrics",
         web: WebConfig | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        """Bind and listen; raises :class:`.errors.ListenError` (an ``OSError``, with the failed bind's
-        ``errno``) when the address cannot be used."""
+        """Raises :class:`.errors.ListenError` (an ``OSError``, with the failed bind's ``errno``) when the
+        address cannot be used."""
         self.exposition = exposition
         self.ready = ready
         self.telemetry_path = telemetry_path
         self.web = web or WebConfig()
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        limits = limits or Limits()
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            super().__init__((host or "0.0.0.0", port), _Handler)
+            sock = bind(host, port, limits.backlog)
         except OSError as exc:
             raise ListenError(exc.errno, f"cannot listen on {shown}: {exc.strerror or exc}") from None
+        self._http = HttpServer(self._app, sock, http_log, ssl_context=self.web.ssl_context, limits=limits)
+        self._bcrypt = ThreadPoolExecutor(_BCRYPT_THREADS, thread_name_prefix="bcrypt")
+        self._bcrypt_waiting = 0
 
     @property
     def port(self) -> int:
-        return self.server_address[1]
+        return self._http.port
 
-    def get_request(self) -> tuple[socket.socket, object]:
-        sock, address = super().get_request()
-        if self.web.ssl_context is not None:
-            sock = self.web.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, address
+    async def start(self) -> None:
+        await self._http.start()
 
-    def handle_error(self, request: object, client_address: object) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, (ConnectionError, TimeoutError, ssl.SSLError)):
-            # Clients that hang up, fail the handshake or time out are routine for a server on a network.
-            log.debug("connection from %s failed: %r", client_address, error)
-        else:
-            log.error("answering %s failed", client_address, exc_info=error)
+    async def stop(self) -> None:
+        """Stop listening (the port is free at once), finish in-flight responses briefly, close the rest."""
+        await self._http.stop()
+        self._bcrypt.shutdown(wait=False, cancel_futures=True)
 
+    async def apply_web_config(self, web: WebConfig) -> None:
+        """Serve with ``web`` from now on: its users and headers at once, its TLS for new connections."""
+        self.web = web
+        await self._http.replace_ssl_context(web.ssl_context)
 
-class _Handler(BaseHTTPRequestHandler):
-    server: ExporterServer
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a connection may stay silent before it is dropped
+    # --- the ASGI application ----------------------------------------------------------------------------
 
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.request, ssl.SSLSocket):
-            self.request.do_handshake()
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status, body, headers = await self._answer(scope)
+        head = scope["method"] == "HEAD"
+        await respond(send, status, [*headers, *self.web.headers], body, head=head)
 
-    def do_GET(self) -> None:
-        self._serve(send_body=True)
+    async def _answer(self, scope: Scope) -> tuple[int, bytes, list[tuple[str, str]]]:
+        """Status, body and headers (the web config's come on top) of the answer to a request."""
+        if scope["method"] not in ("GET", "HEAD"):
+            return 405, b"Method not allowed\n", [("Content-Type", _TEXT), ("Allow", "GET, HEAD")]
+        headers = request_headers(scope)
+        auth = self.web.auth
+        verdict = "ok" if auth is None else await self._authorize(auth, headers.get("authorization"))
+        if verdict == "busy":
+            return 503, b"Too many password checks at once\n", [("Content-Type", _TEXT), ("Retry-After", "1")]
+        if verdict != "ok":
+            challenge = ("WWW-Authenticate", 'Basic realm="inferwatch"')
+            return 401, b"Unauthorized\n", [("Content-Type", _TEXT), challenge]
+        path = urlsplit(scope["path"]).path
+        if path == self.telemetry_path:
+            body = self.exposition.render(headers.get("accept"), headers.get("accept-encoding"))
+            fields = [("Content-Type", body.content_type), ("Vary", "Accept-Encoding")]
+            if body.gzipped:
+                fields.append(("Content-Encoding", "gzip"))
+            return 200, body.data, fields
+        if path == "/-/healthy":
+            return 200, b"Healthy\n", [("Content-Type", _TEXT)]
+        if path == "/-/ready":
+            if self.ready.is_set():
+                return 200, b"Ready\n", [("Content-Type", _TEXT)]
+            return 503, b"Not ready: no collection has finished yet\n", [("Content-Type", _TEXT)]
+        if path == "/":
+            page = _LANDING.format(path=self.telemetry_path).encode()
+            return 200, page, [("Content-Type", "text/html; charset=utf-8")]
+        return 404, b"Not found\n", [("Content-Type", _TEXT)]
 
-    def do_HEAD(self) -> None:
-        self._serve(send_body=False)
-
-    def _serve(self, send_body: bool) -> None:
-        auth = self.server.web.auth
-        if auth is not None and not auth.check(self.headers.get("Authorization")):
-            self._reply(401, b"Unauthorized\n", extra={"WWW-Authenticate": 'Basic realm="inferwatch"'})
-            return
-        path = urlsplit(self.path).path
-        if path == self.server.telemetry_path:
-            self._metrics(send_body)
-        elif path == "/-/healthy":
-            self._reply(200, b"Healthy\n", send_body=send_body)
-        elif path == "/-/ready":
-            if self.server.ready.is_set():
-                self._reply(200, b"Ready\n", send_body=send_body)
-            else:
-                self._reply(503, b"Not ready: no collection has finished yet\n", send_body=send_body)
-        elif path == "/":
-            page = _LANDING.format(path=self.server.telemetry_path).encode()
-            self._reply(200, page, "text/html; charset=utf-8", send_body=send_body)
-        else:
-            self._reply(404, b"Not found\n", send_body=send_body)
-
-    def _metrics(self, send_body: bool) -> None:
-        body, content_type = self.server.exposition.render(self.headers.get("Accept"))
-        extra = {}
-        if "gzip" in (self.headers.get("Accept-Encoding") or ""):
-            body = gzip.compress(body, compresslevel=1)
-            extra["Content-Encoding"] = "gzip"
-        self._reply(200, body, content_type, extra, send_body)
-
-    def _reply(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = "text/plain; charset=utf-8",
-        extra: dict[str, str] | None = None,
-        send_body: bool = True,
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (extra or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+    async def _authorize(self, auth: BasicAuth, header: str | None) -> str:
+        """``ok``, ``denied``, or ``busy`` when too many unremembered credentials wait for bcrypt."""
+        credentials = auth.credentials(header)
+        if credentials is None:
+            return "denied"
+        if auth.remembered(credentials):
+            return "ok"
+        if self._bcrypt_waiting >= _BCRYPT_QUEUE:
+            http_log.warning("%d password checks waiting: answering 503 to more for now", _BCRYPT_QUEUE)
+            return "busy"
+        self._bcrypt_waiting += 1
+        try:
+            loop = asyncio.get_running_loop()
+            ok = await loop.run_in_executor(self._bcrypt, auth.verify, credentials)
+        finally:
+            self._bcrypt_waiting -= 1
+        return "ok" if ok else "denied"

@@ -14,11 +14,15 @@ import threading
 import time
 from collections.abc import Iterator
 
+from inferwatch.common.lograte import RateLimit
+
 from .nvml import ERROR_TIMEOUT, NVML_GONE_CODES, NvmlSession, error_label, handle_key
 from .samples import MetricSpec, Sample, gpu_counter, gpu_gauge
 from .selfmetrics import Tally
 
 log = logging.getLogger(__name__)
+# Every XID is counted; the log shows a few of each kind a minute (a failing GPU can send thousands).
+log.addFilter(RateLimit())
 
 XID_ERRORS = gpu_counter("gpu_xid_errors_total", "XID errors reported by the driver, by XID code.", "xid")
 XID_LAST = gpu_gauge(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -23,6 +24,7 @@ import requests
 from inferwatch.exporter.config import OPTIONS
 
 from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
+from tests.support.httpload import Load, Target
 from tests.support.services import RunningProcess, start_exporter, start_process, wait_until
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
@@ -146,6 +148,9 @@ def taken_port() -> Iterator[int]:
     [
         (["--collector.interval=0"], {}, "--collector.interval: '0' must be above zero"),
         (["--collector.interval=-2s"], {}, "--collector.interval"),
+        (["--collector.interval=1ms"], {}, "--collector.interval: '1ms' is outside 100ms to 1h"),
+        (["--collector.interval=99999999999h"], {}, "'99999999999h' is outside 100ms to 1h"),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_TIMEOUT": "1d"}, "INFERWATCH_EXPORTER_COLLECTOR_TIMEOUT: '1d'"),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_XID: 'maybe'"),
         (["--gpus=first"], {}, "--gpus"),
         (["--collector.nvlink"], {}, "unrecognized arguments"),
@@ -175,6 +180,48 @@ def test_bad_configuration_exits_2_with_one_clear_line(
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("inferwatch-exporter: ")
     assert message.format(taken=taken_port) in lines[0]
+
+
+def test_a_bcrypt_hash_with_an_invalid_salt_exits_2_with_one_line(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("basic_auth_users:\n  alice: '$2y$99$" + "a" * 53 + "'\n")
+    result = subprocess.run(
+        [
+            "inferwatch-exporter",
+            f"--web.listen-address=127.0.0.1:{free_port()}",
+            f"--web.config.file={web_config}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_console_env(),
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"inferwatch-exporter: --web.config.file {web_config}: basic_auth_users: "
+        "the bcrypt hash of 'alice' is unusable: Invalid salt"
+    ]
+
+
+def test_a_node_exporter_web_config_is_served_with_warnings_for_what_is_ignored(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n  curve_preferences: [CurveP256]\n"
+        "http_server_config:\n  http2: true\n  headers:\n    X-Content-Type-Options: nosniff\n"
+        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
+    )
+    port = free_port()
+    url = f"https://localhost:{port}"
+    auth = ("prometheus", "s3cret")
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path) as proc:
+        response = requests.get(url + "/metrics", auth=auth, verify=str(cert), timeout=10)
+        assert response.status_code == 200 and response.headers["X-Content-Type-Options"] == "nosniff"
+        log = proc.log_tail()
+    for key_name in ("cipher_suites", "curve_preferences", "http2"):
+        assert f"{key_name} is not supported by inferwatch and is ignored" in log, log
 
 
 def test_nvml_faults_leave_the_rest_served(tmp_path: Path) -> None:
@@ -357,3 +404,87 @@ def tls_exporter(
         yield proc
     finally:
         proc.stop()
+
+
+# The collection settings of a real deployment (1 s polls, the timeout following the interval): what the
+# issue saw GPUs reported hung with under scrape load.
+DEFAULT_COLLECTION = ["--collector.interval=1s", "--collector.timeout=1s"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signals_under_200_connections_exit_0_within_a_second_and_free_the_port(
+    tmp_path: Path, signum: int
+) -> None:
+    for attempt in range(4):
+        with fake_exporter(tmp_path / str(attempt), {"gpus": 8}, *DEFAULT_COLLECTION) as exporter:
+            host, port = exporter.url.removeprefix("http://").split(":")
+            with Load(Target(host, int(port)), scrapers=200) as load:
+                load.wait_for(400)
+                # Scraped flat out, no GPU is reported hung (the poller is not starved by HTTP).
+                time.sleep(2.5)
+                text = exporter.scrape()
+                assert [gpu_value(text, "gpu_up", gpu) for gpu in range(8)] == [1] * 8, text
+                assert "hung" not in {s.labels.get("error") for s in parse_samples(text)}
+                started = time.monotonic()
+                exporter.proc.popen.send_signal(signum)
+                status = exporter.proc.popen.wait(timeout=10)
+                elapsed = time.monotonic() - started
+            assert status == 0, exporter.proc.log_tail()
+            assert elapsed <= 1.0, f"attempt {attempt}: {elapsed:.2f}s"
+            assert load.latencies.errors == [] or all(
+                kind in ("ConnectionResetError", "ConnectionRefusedError", "IncompleteReadError")
+                for kind in load.latencies.errors
+            ), load.latencies.errors  # only the connections cut by the stop
+            socket.create_server((host, int(port))).close()  # the port is free at once
+
+
+def test_sighup_reloads_the_web_config_and_a_broken_file_keeps_the_last_good_one(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    log_path = tmp_path / "exporter.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_console_env(), start_new_session=True
+        )
+    proc = RunningProcess(popen, log_path, url)
+    try:
+
+        def status(user: str, password: str) -> int:
+            try:
+                return requests.get(url + "/metrics", auth=(user, password), timeout=5).status_code
+            except requests.RequestException:
+                return 0
+
+        wait_until(lambda: status("alice", "first") == 200, 60, lambda: proc.log_tail())
+        web_config.write_text(
+            f"basic_auth_users:\n  bob: '{bcrypt_hash('second')}'\n"
+            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+        )
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: status("bob", "second") == 200, 10, lambda: proc.log_tail())
+        assert status("alice", "first") == 401
+        assert requests.get(url + "/", auth=("bob", "second"), timeout=5).headers["X-Frame-Options"] == "deny"
+
+        web_config.write_text("basic_auth_users:\n  carol: not-a-hash\n")
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: "keeping the previous web configuration" in proc.log_tail(), 10, "the error")
+        assert status("bob", "second") == 200 and popen.poll() is None
+        assert proc.stop() == 0
+    finally:
+        proc.stop()
+    lines = log_path.read_text().splitlines()
+    assert any("SIGHUP: web configuration reloaded" in line for line in lines)
+    assert not any("Traceback" in line for line in lines)
+
+
+def test_sighup_without_a_web_config_changes_nothing(tmp_path: Path) -> None:
+    with fake_exporter(tmp_path, {"gpus": 1}) as exporter:
+        exporter.proc.popen.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert exporter.proc.popen.poll() is None
+        assert gpu_value(exporter.scrape(), "gpu_up", 0) == 1
+        assert exporter.proc.stop() == 0
+    assert "SIGHUP: no --web.config.file to reload" in exporter.proc.log_tail()

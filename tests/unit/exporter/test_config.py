@@ -65,6 +65,13 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
         (["--log.level", "loud"], {}, "--log.level"),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_HOST: 'maybe'"),
         (["--collector.nvlink"], {}, "unrecognized arguments: --collector.nvlink"),
+        # Sane limits: 1 ms polls burn a core, 99999999999h overflows the waits it becomes.
+        (["--collector.interval=1ms"], {}, "--collector.interval: '1ms' is outside 100ms to 1h"),
+        (["--collector.interval=99999999999h"], {}, "'99999999999h' is outside 100ms to 1h"),
+        (["--collector.interval=2h"], {}, "--collector.interval: '2h' is outside"),
+        (["--collector.timeout=50ms"], {}, "--collector.timeout: '50ms' is outside 100ms to 5m"),
+        (["--collector.timeout=1h"], {}, "--collector.timeout: '1h' is outside"),
+        ([], {"INFERWATCH_EXPORTER_NVML_RETRY_INTERVAL": "10ms"}, "INFERWATCH_EXPORTER_NVML_RETRY_INTERVAL"),
         (
             ["--collector.gpm.window=50ms"],
             {},
@@ -78,6 +85,20 @@ def test_bad_values_raise_a_usage_error_naming_the_source(
     with pytest.raises(ConfigError, match="^.*" + message.replace("(", r"\(").replace("[", r"\[")) as caught:
         parse_config(argv, env)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "interval", "timeout"),
+    [
+        (["--collector.interval=100ms"], 0.1, 0.1),
+        (["--collector.interval=1h"], 3600, 300),  # the timeout follows the interval up to its own limit
+        (["--collector.interval=1h", "--collector.timeout=5m"], 3600, 300),
+        (["--collector.interval=200ms", "--collector.timeout=100ms"], 0.2, 0.1),
+    ],
+)
+def test_the_limits_themselves_are_accepted(argv: list[str], interval: float, timeout: float) -> None:
+    config = parse_config(argv, {})
+    assert (config.interval, config.timeout) == (interval, timeout)
 
 
 def test_version_only() -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 import time
 from typing import Any
+
+import pytest
+from inferwatch.exporter.nvml import GpuContext, NvmlSession
+from inferwatch.exporter.poller import GpuJob
+from inferwatch.exporter.selfmetrics import GPU_UP, NVML_ERRORS, Tally
 
 from tests.support import parse_samples, sample_value
 from tests.unit.exporter.conftest import MakePoller, gpu_value, own_process, render
@@ -340,3 +347,94 @@ def test_firmware_readings_take_turns_and_their_last_values_are_served_between(
         assert gpu_value(text, "gpu_power_watts", 0) == 350  # cheap: read every poll
     assert fake.calls[(0, "nvmlDeviceGetSamples")] == 2 + 4
     assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1 + 2
+
+
+class _SlowBetweenCalls:
+    """A collector whose thread is held up outside NVML (as by a busy CPU) longer than the call timeout."""
+
+    name = "slow"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def collect(self, context: GpuContext) -> None:
+        time.sleep(self.seconds)
+        context.emit(GPU_UP, context.read("nvmlDeviceGetPowerUsage") or 0)
+
+
+def test_hung_means_a_call_that_did_not_return_not_a_thread_that_waited_for_the_cpu(fake: Any) -> None:
+    session = NvmlSession.open(fake)
+    errors = Tally(NVML_ERRORS)
+    late = GpuJob(GpuContext(fake, session.devices[0], errors), [_SlowBetweenCalls(0.6)])
+    late.start()
+    started = time.monotonic()
+    assert late.wait(0.2)  # three times the timeout, but never inside one call for that long
+    assert time.monotonic() - started >= 0.55
+
+    fake.command("hang", gpu=1, call="nvmlDeviceGetPowerUsage", seconds=1)
+    stuck = GpuJob(GpuContext(fake, session.devices[1], errors), [_SlowBetweenCalls(0.0)])
+    stuck.start()
+    started = time.monotonic()
+    assert not stuck.wait(0.2)
+    assert 0.15 < time.monotonic() - started < 0.9
+    assert stuck.context.current is not None and stuck.context.current[0] == "nvmlDeviceGetPowerUsage"
+    assert stuck.wait(5)  # the call returns when the hang ends
+
+
+def test_a_driver_reset_during_a_hung_call_starts_no_second_thread_for_the_gpu(
+    make_poller: MakePoller, fake: Any
+) -> None:
+    poller = make_poller(interval=0.3, timeout=0.3)
+    poller.collect()
+    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=3)
+    poller.collect()  # GPU 1 hung
+    fake.command("driver_reset")
+    for _ in range(4):  # NVML gone, reopened, and collected again, while GPU 1's thread is still stuck
+        poller.collect()
+    text = render(poller)
+    assert gpu_value(text, "gpu_up", 0) == 1 and gpu_value(text, "gpu_up", 1) == 0
+    assert [t.name for t in threading.enumerate()].count("gpu1") == 1
+    hung = sample_value(
+        text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetTemperature", error="hung"
+    )
+    assert hung == 1
+    time.sleep(3)
+    poller.collect()  # the stuck call returned: GPU 1 is read again, in the new session
+    assert gpu_value(render(poller), "gpu_up", 1) == 1
+
+
+def test_a_collection_that_fails_as_a_whole_is_counted_and_the_next_one_runs(
+    make_poller: MakePoller, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    poller = make_poller(interval=0.1)
+    collect = poller.collect
+    failures = iter([RuntimeError("a bug")])
+
+    def failing_once() -> Any:
+        for failure in failures:
+            raise failure
+        return collect()
+
+    monkeypatch.setattr(poller, "collect", failing_once)
+    poller.start()
+    assert poller.ready.wait(5)
+    assert poller.collector_errors.get("poller") == 1
+    assert "collection failed" in caplog.text
+
+
+def test_xid_floods_are_counted_in_full_and_logged_a_few_times(
+    make_poller: MakePoller, fake: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    poller = make_poller(xid=True)
+    poller.collect()
+    deadline = time.monotonic() + 5
+    while poller.xid_events.watched < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with caplog.at_level(logging.WARNING, logger="inferwatch.exporter.xid"):
+        for _ in range(3200):
+            fake.command("xid", gpu=0, xid=79)
+        while gpu_value(render(poller), "gpu_xid_errors_total", 0, xid="79") != 3200:
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.05)
+    lines = [r for r in caplog.records if "XID" in r.getMessage()]
+    assert 1 <= len(lines) <= 5, [r.getMessage() for r in lines]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def test_tls_and_users_relative_to_the_file(tmp_path: Path, certificate: tuple[P
         ("tls_server_config:\n  cert_file: a.crt\n", "needs both cert_file and key_file"),
         ("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n", "No such file"),
         ("basic_auth_users:\n  alice: plaintext\n", "not a bcrypt hash"),
+        # The right prefix and length, but a salt bcrypt cannot decode: refused now, not at every login.
+        ("basic_auth_users:\n  alice: '$2y$10$" + "!" * 53 + "'\n", "not a bcrypt hash"),
+        ("basic_auth_users:\n  alice: '$2y$99$" + "a" * 53 + "'\n", "bcrypt hash of 'alice' is unusable"),
+        # Keys whose absence would let in clients the file keeps out, or leave TLS without a certificate.
+        (
+            "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_allowed_sans: [x]\n",
+            "client_allowed_sans",
+        ),
+        ("tls_server_config:\n  cert: PEM\n  key: PEM\n", "inline certificates are not supported"),
+        (
+            "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequestClientCert\n",
+            "RequestClientCert",
+        ),
+        ("http_server_config:\n  headers:\n    X-Frame-Options: allowall\n", "X-Frame-Options must be"),
+        ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "'X-Powered-By' is not one of"),
+        ("http_server_config:\n  http3: true\n", "unknown key.*http3"),
         ("basic_auth_users: [alice]\n", "must map user names"),
         ("tls_server_config: [\n", "web.yml"),
     ],
@@ -59,6 +76,38 @@ def test_unusable_files_are_usage_errors(tmp_path: Path, text: str, message: str
     with pytest.raises(ConfigError, match=message) as caught:
         load_web_config(write(tmp_path, text))
     assert "\n" not in str(caught.value)
+
+
+def test_node_exporter_keys_inferwatch_lacks_are_ignored_with_a_warning(
+    tmp_path: Path, certificate: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = certificate
+    text = (
+        f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  max_version: TLS13\n"
+        "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n  prefer_server_cipher_suites: true\n"
+        "  curve_preferences: [CurveP256]\n"
+        "http_server_config:\n  http2: false\n  headers:\n    X-Content-Type-Options: nosniff\n"
+        "    Strict-Transport-Security: max-age=31536000\n    Content-Security-Policy: ''\n"
+        "rate_limit:\n  interval: 1s\n  burst: 10\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="inferwatch.exporter.webconfig"):
+        config = load_web_config(write(tmp_path, text))
+    assert config.ssl_context is not None
+    assert config.headers == (
+        ("X-Content-Type-Options", "nosniff"),
+        ("Strict-Transport-Security", "max-age=31536000"),
+    )  # a blank header is unset, as in the toolkit
+    ignored = sorted(r.getMessage().split(": ", 1)[1] for r in caplog.records)
+    assert ignored == sorted(
+        f"{key} is not supported by inferwatch and is ignored"
+        for key in (
+            "tls_server_config.cipher_suites",
+            "tls_server_config.prefer_server_cipher_suites",
+            "tls_server_config.curve_preferences",
+            "http_server_config.http2",
+            "rate_limit",
+        )
+    )
 
 
 def test_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:
@@ -76,3 +125,11 @@ def test_basic_auth_accepts_only_the_right_password_and_remembers_it() -> None:
     started = time.perf_counter()
     assert auth.check(basic("alice", "right"))
     assert time.perf_counter() - started < first / 5  # no second bcrypt round
+
+
+def test_basic_auth_scheme_is_case_insensitive_and_long_passwords_are_no() -> None:
+    auth = BasicAuth({"alice": bcrypt_hash("right").encode()})
+    assert auth.check(basic("alice", "right").replace("Basic", "bAsIc"))
+    # bcrypt reads 72 bytes: a longer password is refused, never truncated, never an exception.
+    assert not auth.check(basic("alice", "right" + "x" * 100))
+    assert not auth.check(basic("alice", "é" * 40))

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import http.client
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
 from inferwatch.instrumentation.exposition import (
+    CPU_BURST,
+    CPU_SHARE,
     PortInUseError,
     make_asgi_app,
     make_wsgi_app,
     multiprocess_registry,
     start_http_server,
 )
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tests.support import http_get, sample_value
+from tests.support.httpload import Load, Target
 
 
 @pytest.fixture
@@ -131,3 +138,87 @@ def test_asgi_app_answers_an_http_request(registry: CollectorRegistry) -> None:
 def test_multiprocess_registry_needs_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="multiprocess mode needs an existing directory"):
         multiprocess_registry(tmp_path / "missing")
+
+
+def _request(port: int, method: str = "GET", path: str = "/metrics", **headers: str) -> tuple[Any, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request(method, path, headers={k.replace("_", "-"): v for k, v in headers.items()})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    return response, body
+
+
+def test_head_and_other_methods_on_the_endpoint(registry: CollectorRegistry) -> None:
+    with start_http_server(0, registry=registry) as server:
+        got, body = _request(server.port)
+        head, nothing = _request(server.port, "HEAD", "/anything")
+        assert head.status == got.status == 200 and nothing == b""
+        assert head.getheader("Content-Length") == str(len(body))
+        posted, _ = _request(server.port, "POST")
+        assert posted.status == 405 and posted.getheader("Allow") == "GET, HEAD"
+        assert got.version == 11 and got.getheader("Server") is None
+
+
+@pytest.mark.parametrize(
+    ("accept", "content_type"),
+    [
+        (
+            "text/plain;version=0.0.4;q=0.5,application/openmetrics-text;version=1.0.0;q=0.9",
+            "application/openmetrics-text",
+        ),
+        ("application/openmetrics-text;q=0,text/plain;version=0.0.4", "text/plain; version=0.0.4"),
+        # prometheus_client's own formats stay: the text format 1.0.0 with its escaping, chosen by weight.
+        (
+            "text/plain;version=1.0.0;escaping=underscores;q=0.9,text/plain;version=0.0.4;q=0.1",
+            "text/plain; version=1.0.0",
+        ),
+    ],
+)
+def test_the_endpoint_and_the_apps_choose_the_format_by_weight(
+    registry: CollectorRegistry, wsgi_server: str, accept: str, content_type: str
+) -> None:
+    with start_http_server(0, registry=registry) as server:
+        response, _ = _request(server.port, Accept=accept)
+        assert response.getheader("Content-Type").startswith(content_type)
+    port = int(wsgi_server.rsplit(":", 1)[1])
+    mounted, _ = _request(port, Accept=accept)
+    assert mounted.getheader("Content-Type").startswith(content_type)
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"), [("gzip", True), ("gzip;q=0", False), ("br, xgzip", False)]
+)
+def test_gzip_only_when_acceptable(registry: CollectorRegistry, accept_encoding: str, gzipped: bool) -> None:
+    with start_http_server(0, registry=registry) as server:
+        response, body = _request(server.port, Accept_Encoding=accept_encoding)
+    assert (response.getheader("Content-Encoding") == "gzip") is gzipped
+    text = (gzip.decompress(body) if gzipped else body).decode()
+    assert sample_value(text, "llm_test_events_total") == 3
+
+
+def test_scrapes_within_the_budget_are_always_fresh(registry: CollectorRegistry) -> None:
+    counter = Counter("llm_fresh_events", "Events counted between two scrapes.", registry=registry)
+    with start_http_server(0, registry=registry) as server:
+        for expected in range(1, 6):
+            counter.inc()
+            _, body = _request(server.port)
+            assert sample_value(body.decode(), "llm_fresh_events_total") == expected
+
+
+def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorRegistry) -> None:
+    # A registry the size of an instrumented model's: rendering is the expensive part of a scrape.
+    for i in range(60):
+        Histogram(f"llm_test_histogram_{i}", "A histogram.", registry=registry).observe(0.1)
+    with start_http_server(0, registry=registry) as server:
+        (thread,) = [t for t in threading.enumerate() if t.name == "inferwatch-http"]
+        clock = time.pthread_getcpuclockid(thread.ident)
+        with Load(Target("127.0.0.1", server.port), scrapers=50) as load:
+            load.wait_for(20)
+            cpu, wall = time.clock_gettime(clock), time.monotonic()
+            time.sleep(3)
+            share = (time.clock_gettime(clock) - cpu) / (time.monotonic() - wall)
+    # The budget's share plus its burst spread over the window, and some slack for the measurement.
+    assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
+    assert load.latencies.errors == [], load.latencies.errors[:5]
+    assert len(load.latencies.seconds) > 50  # slowed down, still answered

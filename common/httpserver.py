@@ -1,0 +1,476 @@
+"""The HTTP layer of both metrics endpoints: uvicorn's HTTP/1.1 protocol (httptools) on one asyncio loop.
+
+Chosen by measurement against cheroot, waitress and the standard library's threaded servers
+(docs/benchmarks.md, "HTTP servers"): one thread serves every connection, so a thousand slow or
+silent clients cost memory, not threads, and cannot hold up a scrape; TCP_NODELAY is set, so a
+keep-alive or TLS scrape is not held back 40 ms by Nagle's algorithm; TLS is the standard library's.
+Of uvicorn's two HTTP/1.1 parsers, httptools (llhttp, in C) takes half the CPU of h11 per request, which
+matters inside a serving process, where the endpoint's CPU is taken from the model's Python thread.
+
+What this module adds to uvicorn's protocol, none of which uvicorn does by itself:
+
+* an **idle limit** (``Limits.idle_timeout``) from the moment a connection opens, not only after a first
+  response: a client that connects and sends nothing is closed;
+* a **request limit** (``Limits.request_timeout``): from the first byte of a request to the last byte of
+  its response, however slowly the client sends its head or body or reads the answer (a slowloris, or a
+  client that never reads); such a connection is aborted, its buffers freed;
+* a **connection cap** (``Limits.max_connections``, below the process's file-descriptor limit), so that a
+  flood of connections cannot take the descriptors NVML and /proc reads need;
+* a **request-head limit** (``Limits.max_head_bytes``): llhttp itself has none;
+* no access log, no ``Server`` header, and uvicorn's per-connection messages on the caller's logger
+  instead of ``uvicorn.error``: inside a serving process that runs uvicorn itself, the metrics endpoint
+  must not write into its access log nor change its loggers.
+
+Only uvicorn's protocol class is used (not ``uvicorn.Server``, which logs start-up lines on uvicorn's
+logger, ticks ten times a second and takes over SIGINT/SIGTERM); :class:`HttpServer` runs it on a socket
+bound by the caller, so that a taken port is an ``OSError`` in the caller's thread, before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import resource
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_PR_SET_NAME = 15  # prctl(2)
+# Loop iterations between asyncio accepting a socket and the protocol's connection_made (plain TCP).
+_ACCEPT_TURNS = 4
+# Descriptors kept out of reach of HTTP clients: NVML, /proc reads, log files, the listening socket.
+_RESERVED_FDS = 64
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long and how many; the defaults suit a scrape endpoint (docs/exporter.md, "HTTP")."""
+
+    #: Seconds a connection may stay open with no request in progress (fresh or kept alive).
+    idle_timeout: float = 30.0
+    #: Seconds from a request's first byte to the last byte of its response (Prometheus' default scrape
+    #: timeout is 10 s: a request that takes longer has already failed at the scraper).
+    request_timeout: float = 10.0
+    #: Open connections at most (also kept below the file-descriptor limit); beyond, new ones are closed.
+    max_connections: int = 1024
+    #: Listen backlog: connections the kernel queues while the loop is busy.
+    backlog: int = 1024
+    #: Bytes of a request head buffered before it is complete, at most (answered 400 beyond).
+    max_head_bytes: int = 16 * 1024
+    #: Seconds in-flight responses get to finish when the server stops, before their connections are cut.
+    shutdown_grace: float = 0.5
+
+    def connection_cap(self) -> int:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(1, min(self.max_connections, soft - _RESERVED_FDS))
+
+
+def bind(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (a name or an address, IPv4 or IPv6; every IPv4 interface
+    when ``host`` is empty); raises ``OSError`` from resolving, ``bind`` or ``listen`` unchanged."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets that do.
+    sock = socket.socket(family, kind, proto)
+    try:
+        # Lets a restarted endpoint bind while connections of the previous one are in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class _Settings:
+    """What every connection of one server shares."""
+
+    limits: Limits
+    cap: int  # connections at most
+    logger: logging.Logger
+    stopping: bool = False
+
+
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of :class:`Limits` (see the module docstring)."""
+
+    def __init__(self, *args: Any, settings: _Settings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = settings.logger
+        self.access_log = False
+        self._settings = settings
+        self._limits = settings.limits
+        self._request_deadline: asyncio.TimerHandle | None = None
+        self._drain_deadline: asyncio.TimerHandle | None = None
+        self._head_bytes: int | None = None  # bytes of a request head being received, None between heads
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # Headers and body go out in separate writes: without TCP_NODELAY the body waits for the
+        # client's delayed ACK (~40 ms). asyncio sets it too, but only on sockets made with IPPROTO_TCP.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._settings.stopping:  # accepted just before the listener closed
+            transport.abort()
+            return
+        if len(self.connections) > self._settings.cap:
+            self.logger.warning("more than %d connections open: closing new ones", self._settings.cap)
+            transport.abort()
+            return
+        # uvicorn arms its keep-alive timer only after a response; a connection that never sends a
+        # request is idle too.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self._limits.idle_timeout, self.timeout_keep_alive_handler
+        )
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes is not None and not self.transport.is_closing():
+            # llhttp sets no limit on a request head: count what arrived while one is incomplete.
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limits.max_head_bytes:
+                self.logger.warning("request head over %d bytes: answered 400", self._limits.max_head_bytes)
+                self.send_400_response("Request head too large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._request_deadline is None:
+            self._request_deadline = self.loop.call_later(self._limits.request_timeout, self._too_slow)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        self._cancel_request_deadline()
+        # The response is complete once handed to the transport; a client that does not read it keeps
+        # it in memory, until this deadline.
+        if self._drain_deadline is None and self.transport.get_write_buffer_size():
+            self._drain_deadline = self.loop.call_later(self._limits.request_timeout, self._not_drained)
+        super().on_response_complete()
+        # A pipelined request, queued, being answered or partly received, runs on a deadline of its own.
+        pending = self.pipeline or self._head_bytes is not None or not self.cycle.response_complete
+        if pending and not self.transport.is_closing():
+            self._request_deadline = self.loop.call_later(self._limits.request_timeout, self._too_slow)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_request_deadline()
+        if self._drain_deadline is not None:
+            self._drain_deadline.cancel()
+        super().connection_lost(exc)
+
+    def timeout_keep_alive_handler(self) -> None:
+        # close() would wait for unsent bytes forever if the client does not read; abort() frees them.
+        if not self.transport.is_closing():
+            self.transport.abort()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._cancel_request_deadline()
+
+    def _too_slow(self) -> None:
+        self._request_deadline = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+        self.transport.abort()
+
+    def _not_drained(self) -> None:
+        self._drain_deadline = None
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+
+    def _cancel_request_deadline(self) -> None:
+        if self._request_deadline is not None:
+            self._request_deadline.cancel()
+            self._request_deadline = None
+
+
+class HttpServer:
+    """Serves an ASGI app on a listening socket, on the running asyncio loop (:meth:`start`/:meth:`stop`).
+
+    ``ssl_context`` makes it HTTPS; :meth:`replace_ssl_context` swaps it for new connections without
+    closing the socket (no moment without a listener).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        sock: socket.socket,
+        logger: logging.Logger,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self._sock = sock
+        self._port: int = sock.getsockname()[1]
+        self._ssl_context = ssl_context
+        self._app = app
+        self._config = uvicorn.Config(
+            self._guarded,
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            interface="asgi3",
+            log_config=None,  # uvicorn must not configure logging in a process that is not its own
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+            timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]
+        )
+        self._config.load()
+        self._state = ServerState()
+        self._settings = _Settings(self.limits, self.limits.connection_cap(), logger)
+        self._listener: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            # stop() cancels what still waits (for a CPU budget, a password check) once its connection
+            # is cut: nothing to answer, and nothing for uvicorn to log as an error.
+            if not self._settings.stopping:
+                raise
+
+    def _create(self, **kwargs: Any) -> _Protocol:
+        return _Protocol(
+            config=self._config,
+            server_state=self._state,
+            app_state={},
+            settings=self._settings,
+            **kwargs,
+        )
+
+    async def _listen(self, context: ssl.SSLContext | None) -> asyncio.Server:
+        # A duplicate of the socket: closing this listener leaves the socket (and the port) held.
+        return await asyncio.get_running_loop().create_server(
+            self._create,
+            sock=self._sock.dup(),
+            ssl=context,
+            backlog=self.limits.backlog,
+            # A TLS client that never finishes its handshake is held no longer than a slow request.
+            ssl_handshake_timeout=self.limits.request_timeout if context is not None else None,
+        )
+
+    async def start(self) -> None:
+        self._listener = await self._listen(self._ssl_context)
+
+    async def replace_ssl_context(self, context: ssl.SSLContext | None) -> None:
+        """New connections get ``context`` (None: plain HTTP); open ones keep theirs."""
+        listener = await self._listen(context)
+        previous, self._listener, self._ssl_context = self._listener, listener, context
+        if previous is not None:
+            await self._retire(previous)
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight responses finish within the grace period, cut every connection,
+        and release the port."""
+        self._settings.stopping = True
+        if self._listener is not None:
+            self._stop_accepting(self._listener)
+            await self._settle()
+        for connection in list(self._state.connections):
+            connection.shutdown()
+        deadline = time.monotonic() + self.limits.shutdown_grace
+        while self._state.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self._state.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        await asyncio.sleep(0)  # connection_lost marks each cycle disconnected before its task is cancelled
+        for task in list(self._state.tasks):
+            task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self._sock.close()
+        await asyncio.sleep(0)  # let the transports close their sockets before the loop may end
+
+    async def _retire(self, listener: asyncio.Server) -> None:
+        self._stop_accepting(listener)
+        await self._settle()
+        listener.close()
+
+    @staticmethod
+    def _stop_accepting(listener: asyncio.Server) -> None:
+        # Not listener.close() yet: a connection accepted a moment before would find its server closed
+        # when it gets its transport, fail there, and leave its socket open until garbage collection.
+        loop = asyncio.get_running_loop()
+        for sock in listener.sockets:
+            loop.remove_reader(sock.fileno())
+
+    @staticmethod
+    async def _settle() -> None:
+        """Let connections accepted a moment ago reach connection_made (a few loop turns for plain TCP)."""
+        for _ in range(_ACCEPT_TURNS):
+            await asyncio.sleep(0)
+
+    @property
+    def connections(self) -> int:
+        return len(self._state.connections)
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """An ASGI request's headers by lower-case name; repeated ones joined with commas (RFC 9110 5.3)."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+async def respond(
+    send: Send, status: int, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool = False
+) -> None:
+    """An ASGI response with ``Content-Length``; for a HEAD request (``head``) the same headers and no
+    body, whatever the server does with a body it is handed."""
+    fields = [*headers, ("Content-Length", str(len(body)))]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in fields],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+class Server(Protocol):
+    """What :class:`ServerThread` runs: :class:`HttpServer`, or a server built on one."""
+
+    @property
+    def port(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class ServerThread:
+    """A server on an event loop of its own, in one daemon thread (for a process whose main thread is not
+    ours, such as a model server)."""
+
+    def __init__(self, server: Server, name: str) -> None:
+        self.server = server
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Start serving; raises what starting the server raised."""
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        _name_os_thread(self._thread.name)
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            await self.server.start()
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        await self._stop.wait()
+        await self.server.stop()
+
+    def close(self) -> None:
+        """Stop serving and release the port (waits for the thread); safe to call more than once."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The thread's event loop (for ``asyncio.run_coroutine_threadsafe``), once started."""
+        return self._loop
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` where the OS shows it (``top -H``, ``/proc/PID/task/*/comm``), so
+    that the endpoint's thread can be found in a serving process; Linux only, best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+class CpuBudget:
+    """A share of one core: a token bucket of CPU seconds.
+
+    The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every look drains it by the
+    CPU time ``clock`` counted since the previous look. By default ``clock`` is ``time.thread_time``: the
+    CPU of the thread that uses the budget (request parsing, rendering, everything its loop did); a
+    caller may count something narrower instead, such as the CPU its renderings took. :meth:`acquire`
+    waits while the bucket is empty, one waiter at a time, so a client scraping in a loop is slowed down
+    instead of taking a core from the serving process.
+    """
+
+    def __init__(self, share: float, burst: float, clock: Callable[[], float] = time.thread_time) -> None:
+        if not 0 < share <= 1 or burst <= 0:
+            raise ValueError(f"a CPU budget needs 0 < share <= 1 and burst > 0, got {share} and {burst}")
+        self.share = share
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._wall = 0.0
+        self._used: float | None = None  # read first in the thread that uses the budget
+        self._lock: asyncio.Lock | None = None
+
+    def available(self) -> bool:
+        """Whether the bucket is not empty now."""
+        self._refill()
+        return self._tokens > 0
+
+    async def acquire(self) -> None:
+        """Return when the bucket is not empty; wait (without using CPU) while it is."""
+        if self.available() and (self._lock is None or not self._lock.locked()):
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            while not self.available():
+                # Wake when a tenth of the burst has come back, not as soon as the bucket is above zero:
+                # every wake-up costs CPU too, and tiny sleeps would spend the whole share on waking.
+                await asyncio.sleep((self.burst / 10 - self._tokens) / self.share)
+
+    def _refill(self) -> None:
+        wall, used = time.monotonic(), self._clock()
+        if self._used is None:
+            self._wall, self._used = wall, used
+        self._tokens = min(self.burst, self._tokens + (wall - self._wall) * self.share) - (used - self._used)
+        self._wall, self._used = wall, used

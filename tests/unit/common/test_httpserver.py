@@ -1,0 +1,249 @@
+"""The HTTP layer of both endpoints, on real sockets: keep-alive done right, idle and slow-client limits,
+a connection cap, request bodies consumed, TLS swapped while serving, the port released on stop, and the
+CPU budget of the in-process endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import socket
+import ssl
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from inferwatch.common.httpserver import (
+    CpuBudget,
+    HttpServer,
+    Limits,
+    Receive,
+    Scope,
+    Send,
+    ServerThread,
+    bind,
+)
+
+from tests.unit.exporter.certs import self_signed_certificate
+
+LOG = logging.getLogger("inferwatch.test.http")
+
+
+def make_app(size: int = 64):
+    body = b"x" * size
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+@contextmanager
+def serving(
+    limits: Limits | None = None, size: int = 64, context: ssl.SSLContext | None = None
+) -> Iterator[ServerThread]:
+    server = HttpServer(make_app(size), bind("127.0.0.1", 0, 128), LOG, limits=limits, ssl_context=context)
+    thread = ServerThread(server, "test-http")
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.close()
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float:
+    """Seconds until the server closed ``sock`` (reading whatever it sent); fails after ``seconds``."""
+    sock.settimeout(seconds)
+    started = time.monotonic()
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_keepalive_http11_without_server_header_or_nagle_delay() -> None:
+    with serving(size=64 * 1024) as thread:
+        connection = http.client.HTTPConnection("127.0.0.1", thread.server.port, timeout=5)
+        latencies = []
+        for _ in range(30):
+            started = time.perf_counter()
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert len(response.read()) == 64 * 1024
+            latencies.append(time.perf_counter() - started)
+            assert response.version == 11 and response.status == 200
+            assert response.getheader("Server") is None
+        connection.close()
+    # Headers and body are two writes: without TCP_NODELAY each response waits ~40 ms for a delayed ACK.
+    assert statistics.median(latencies) < 0.02, latencies
+
+
+def test_a_get_with_a_body_is_read_not_taken_for_the_next_request() -> None:
+    with serving() as thread, socket.create_connection(("127.0.0.1", thread.server.port), timeout=5) as sock:
+        sock.sendall(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 18\r\n\r\nGET /evil HTTP/1.1"
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        received = b""
+        while received.count(b"HTTP/1.1 ") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.count(b"HTTP/1.1 200") == 2, received
+    assert b"400" not in received
+
+
+def test_silent_and_idle_connections_are_closed_after_the_idle_limit() -> None:
+    with serving(Limits(idle_timeout=0.3)) as thread:
+        with socket.create_connection(("127.0.0.1", thread.server.port)) as silent:
+            assert 0.2 < closed_within(silent, 5) < 2
+        with socket.create_connection(("127.0.0.1", thread.server.port)) as kept:
+            kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert 0.2 < closed_within(kept, 5) < 2  # the answer, then nothing until the idle limit
+
+
+def test_a_trickling_request_is_cut_at_the_request_limit() -> None:
+    with (
+        serving(Limits(idle_timeout=30, request_timeout=0.5)) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port)) as slow,
+    ):
+        slow.settimeout(0.1)
+        started = time.monotonic()
+        head = b"GET /metrics HTTP/1.1\r\nHost: slowloris\r\nX-Padding: " + b"a" * 100
+        closed = False
+        for byte in head:  # a byte every 100 ms: never idle, never done
+            try:
+                slow.sendall(bytes([byte]))
+                if slow.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed
+        assert 0.4 < time.monotonic() - started < 3
+
+
+def test_a_client_that_never_reads_is_cut_and_its_buffers_freed() -> None:
+    size = 64 << 20  # more than the kernel buffers on both sides of a loopback connection hold
+    with (
+        serving(Limits(request_timeout=1.0), size=size) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port)) as lazy,
+    ):
+        lazy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.5)
+        assert thread.server.connections == 1  # answered, and stuck in the buffers
+        deadline = time.monotonic() + 10
+        while thread.server.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert thread.server.connections == 0
+        received = 0
+        lazy.settimeout(5)
+        try:
+            while chunk := lazy.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert received < size
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_others_served() -> None:
+    with serving(Limits(max_connections=3)) as thread:
+        port = thread.server.port
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 5
+            while thread.server.connections < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with socket.create_connection(("127.0.0.1", port)) as extra:
+                assert closed_within(extra, 5) < 1
+            held.pop().close()
+            time.sleep(0.1)
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/")
+            assert connection.getresponse().status == 200
+            connection.close()
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_an_oversized_head_is_refused() -> None:
+    with (
+        serving(Limits(max_head_bytes=1024)) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port), timeout=5) as sock,
+    ):
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096)  # no end of head yet
+        assert sock.recv(100).startswith(b"HTTP/1.1 400")
+
+
+def test_stop_releases_the_port_and_closes_connections() -> None:
+    with serving() as thread:
+        port = thread.server.port
+        kept = socket.create_connection(("127.0.0.1", port))
+    try:
+        assert closed_within(kept, 5) < 1
+    finally:
+        kept.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1)
+    bind("127.0.0.1", port, 1).close()  # free for the next process at once
+
+
+def test_tls_is_swapped_for_new_connections_without_a_gap(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    with serving() as thread:
+        port = thread.server.port
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        plain.request("GET", "/")
+        assert plain.getresponse().read()
+        future = asyncio.run_coroutine_threadsafe(thread.server.replace_ssl_context(context), thread.loop)
+        future.result(timeout=5)
+        secure = http.client.HTTPSConnection("localhost", port, timeout=5, context=client)
+        secure.request("GET", "/")
+        assert secure.getresponse().status == 200
+        # The connection opened before the swap goes on in plain HTTP.
+        plain.request("GET", "/")
+        assert plain.getresponse().status == 200
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            fresh.request("GET", "/")
+            fresh.getresponse()
+
+
+def test_the_cpu_budget_waits_out_what_was_used_beyond_the_share() -> None:
+    async def scenario() -> tuple[bool, float]:
+        budget = CpuBudget(share=0.5, burst=0.01)
+        assert budget.available()
+        spin_until = time.thread_time() + 0.06  # 60 ms of CPU: 50 ms beyond the burst
+        while time.thread_time() < spin_until:
+            pass
+        exhausted = not budget.available()
+        started = time.monotonic()
+        await budget.acquire()  # ~0.05 / 0.5 = 100 ms to pay back, at half a core
+        return exhausted, time.monotonic() - started
+
+    exhausted, waited = asyncio.run(scenario())
+    assert exhausted
+    assert 0.05 < waited < 1.0
+
+
+def test_a_taken_port_is_an_os_error_in_the_callers_thread() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError) as caught:
+            bind("127.0.0.1", taken.getsockname()[1], 128)
+    assert caught.value.errno is not None
