@@ -47,6 +47,7 @@ from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.clock import Anchor
 from inferwatch.instrumentation.errors import ErrorReporter
 from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, TIMED_AROUND, failure_status
+from inferwatch.instrumentation.series import Observations
 from inferwatch.instrumentation.worker import SAMPLER
 
 if TYPE_CHECKING:
@@ -330,25 +331,32 @@ class BatchTimeline:
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete, and the finishes behind them."""
         clock = self._instrumentation.placement.clock
+        observations = Observations()
         with self._lock:
             pending = self._pending
-            while pending:
-                item = pending[0]
-                if isinstance(item, _Step):
-                    if not clock.ready(item.end) or not _anchor_ready(clock, item.anchor):
-                        return False
-                    pending.popleft()
-                    try:
-                        self._resolve_step(clock, item)
-                    except Exception as exc:
-                        self.errors.report("resolve", exc)
-                else:
-                    pending.popleft()
-                    try:
-                        self._resolve_finish(item)
-                    except Exception as exc:
-                        self.errors.report("resolve", exc)
-            return True
+            try:
+                while pending:
+                    item = pending[0]
+                    if isinstance(item, _Step):
+                        if not clock.ready(item.end) or not _anchor_ready(clock, item.anchor):
+                            return False
+                        pending.popleft()
+                        try:
+                            self._resolve_step(clock, item, observations)
+                        except Exception as exc:
+                            self.errors.report("resolve", exc)
+                    else:
+                        pending.popleft()
+                        try:
+                            self._resolve_finish(item)
+                        except Exception as exc:
+                            self.errors.report("resolve", exc)
+                return True
+            finally:
+                try:
+                    observations.flush()
+                except Exception as exc:
+                    self.errors.report("resolve", exc)
 
     def _host_time(self, clock: Any, step: _Step, mark: Any, recorded: float) -> float:
         """``mark`` on the host clock; its anchor's lag is bounded the way Request bounds it."""
@@ -362,7 +370,7 @@ class BatchTimeline:
                 del self._anchor_lag[stale]
         return mapped + lag
 
-    def _resolve_step(self, clock: Any, step: _Step) -> None:
+    def _resolve_step(self, clock: Any, step: _Step, observations: Observations) -> None:
         series = self.series
         seconds = clock.elapsed(step.start, step.end)
         placement = self._instrumentation.placement
@@ -373,9 +381,9 @@ class BatchTimeline:
             work = 2.0 * placement.footprint.matmul_count * step.prefill_tokens
         else:
             work = 0.0  # a mixed step counts in the busy ratio, not in the prefill or decode ratios
-        series.add_forward(placement.label, phase, seconds, work)
-        series.batch_size.observe(step.sequences)
-        series.observe_step_tokens(step.prefill_tokens, step.decode_tokens)
+        observations.forward(series, placement.label, phase, seconds, work)
+        observations.observe(series.batch_size, step.sequences)
+        observations.step_tokens(series, step.prefill_tokens, step.decode_tokens)
         start = self._host_time(clock, step, step.start, step.start_host)
         end = self._host_time(clock, step, step.end, step.end_host)
         start = max(start, step.start_host)
@@ -384,20 +392,20 @@ class BatchTimeline:
             tracked = requests.get(request_id)
             if tracked is not None and tracked.first_start is None:
                 tracked.first_start = start
-                series.queue.observe(max(0.0, start - tracked.arrival))
+                observations.observe(series.queue, max(0.0, start - tracked.arrival))
         for request_id in step.token_ids:
             tracked = requests.get(request_id)
             if tracked is None:
                 continue
             if tracked.first_token is None:
                 tracked.first_token = end
-                series.ttft.observe(end - tracked.arrival)
+                observations.observe(series.ttft, end - tracked.arrival)
                 begun = tracked.first_start if tracked.first_start is not None else tracked.arrival
-                series.prefill.observe(end - begun)
+                observations.observe(series.prefill, end - begun)
             else:
                 gap = end - tracked.last_token
                 tracked.gap = max(tracked.gap, gap)
-                series.itl.observe(gap)
+                observations.observe(series.itl, gap)
             tracked.last_token = end
             tracked.tokens += 1
         clock.release(step.start)

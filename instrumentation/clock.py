@@ -134,6 +134,11 @@ class HostClock:
         return _Immediate(tensor.tolist())
 
 
+#: ``torch.cuda.Event.record`` without its Python layer (which only fills in the current stream, given
+#: here); the public method where torch has no such base class.
+_record = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None) or torch.cuda.Event.record
+
+
 class CudaClock:
     """CUDA events on the current stream of one device, pooled, resolved with non-blocking queries."""
 
@@ -167,19 +172,20 @@ class CudaClock:
         event.record(self._anchor_stream())
         return Anchor(time.perf_counter(), event)
 
-    def _current_stream(self) -> torch.cuda.Stream:
-        # torch.cuda.current_stream() builds a new Stream object through several Python layers on every
-        # call, the largest part of a mark's cost (hook_cost.py on the H200). The raw handle is one C call;
-        # the Stream object for a handle never changes, so it is built once.
+    def mark(self) -> torch.cuda.Event:
+        # Called two or three times per decode step, so the pool, the stream and the record are inlined
+        # (one Python frame instead of four; hook_cost.py on the H200). torch.cuda.current_stream() builds
+        # a new Stream object through several Python layers on every call; the raw handle is one C call,
+        # and the Stream object for a handle never changes, so it is built once.
+        try:
+            event = self._pool.pop()
+        except IndexError:
+            event = torch.cuda.Event(enable_timing=True)
         raw = torch._C._cuda_getCurrentRawStream(self._index)
         stream = self._streams.get(raw)
         if stream is None:
             stream = self._streams[raw] = torch.cuda.current_stream(self.device)
-        return stream
-
-    def mark(self) -> torch.cuda.Event:
-        event = self._event()
-        event.record(self._current_stream())
+        _record(event, stream)
         return event
 
     def mark_on(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event:

@@ -62,7 +62,7 @@ from prometheus_client import CollectorRegistry
 MAX_MODEL_LABEL_LENGTH = 128
 #: A request's KV cache is measured after its prefill, its first decode step and then every this many
 #: steps: the gauge trails the cache by fewer tokens than that.
-KV_MEASURE_INTERVAL = 8
+KV_MEASURE_INTERVAL = 16
 #: generate's positional parameters up to ``stopping_criteria`` (inputs, generation_config,
 #: logits_processor, stopping_criteria): a call that passes it positionally keeps its own list.
 _STOPPING_CRITERIA_POSITION = 3
@@ -383,6 +383,8 @@ class ModelInstrumentation:
             tokens = 1 if request is not None and request.owner is self and not request.marks_sampling else 0
             if request is not None and request.forwards == 0 and phase == "prefill":
                 request.prompt_shape = (batch, new_tokens)
+            if request is not None:
+                request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
             # recorded, so the hook's own bookkeeping before it counts as part of the step (the caller
             # waits for it too) instead of widening the gap to whoever reads the clock next.

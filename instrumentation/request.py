@@ -1,11 +1,12 @@
 """A request's timeline: marks recorded in the hot path, turned into observations once the device is done.
 
 Hooks only *record* (a CUDA event or a host reading, plus shapes). Observations are made when a mark
-is known to be complete (``Clock.ready``): on the background sampler once DRAIN_BATCH steps are pending
-(generate's loop has synchronized by then), at the request's exit, or on the sampler again if the device
-is still busy then. The serving thread only appends; resolution takes the request's lock, so the sampler
-and the serving thread never resolve the same request at once (docs/benchmarks.md, "Overhead on the
-fastest decode paths").
+is known to be complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps
+are pending (generate's loop has synchronized by then), at the request's exit, or on the background
+sampler if the device is still busy. A drain observes its steps together (:class:`Observations`): one
+histogram update per bucket touched rather than one per value.
+Everything here runs in one thread at a time: the serving thread while the request runs, then the
+sampler if the request was handed over (:meth:`Request.complete` returned False).
 """
 
 from __future__ import annotations
@@ -13,23 +14,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import threading
 import time
 from typing import Any
 
 import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
-from inferwatch.instrumentation.series import ModelSeries
-from inferwatch.instrumentation.worker import SAMPLER
+from inferwatch.instrumentation.series import ModelSeries, Observations
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
 RESOLVE_DEADLINE_SECONDS = 120.0
-# Steps are handed to the sampler this many at a time: one hand-over per step would wake it per forward,
-# and between two forwards the model evicts inferwatch's code and data from the CPU caches, so resolving
-# one step at a time pays the cold start every time (docs/benchmarks.md, hook_cost.py). Observations
-# appear about this many steps late.
-DRAIN_BATCH = 8
+# Steps (forwards and token marks) are resolved this many at a time: between two forwards the model evicts
+# inferwatch's code and data from the CPU caches, so resolving one step per forward pays the cold start
+# every time, and a drain's histogram updates are shared by its steps (docs/benchmarks.md, hook_cost.py).
+# Observations appear at most this many steps late (16 decode steps of generate).
+DRAIN_BATCH = 32
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 #: What serving stacks raise inside generate when the client went away: transformers serve's streamer
 #: (``_GenerationCancelled``, by name: it is private) and the generic ways a task or generator is stopped.
@@ -111,17 +110,18 @@ class Step:
         self.batch = batch  # sequences in the forward; 0 when its input had no batch dimension
         self.processed = processed  # input tokens of the forward (all sequences)
 
-    def account_forward(self, clock: Clock) -> None:
-        """Observe the forward's device time, batch size and tokens."""
+    def account_forward(self, clock: Clock, observations: Observations) -> None:
+        """Observe the forward's device time, batch size and tokens (made when ``observations`` is
+        flushed)."""
         seconds = clock.elapsed(self.start, self.end)
         series = self.series
-        series.add_forward(self.device, self.phase, seconds, self.work)
+        observations.forward(series, self.device, self.phase, seconds, self.work)
         if self.batch:
-            series.batch_size.observe(self.batch)
+            observations.observe(series.batch_size, self.batch)
         if self.phase == "prefill":
-            series.observe_step_tokens(self.processed, 0)
+            observations.step_tokens(series, self.processed, 0)
         else:
-            series.observe_step_tokens(0, self.processed)
+            observations.step_tokens(series, 0, self.processed)
 
 
 class Request:
@@ -165,21 +165,15 @@ class Request:
         self._prompt_tokens = prompt_tokens
         self._generation_tokens = 0
         self._counts: Fetched | None = None
-        self._lock = threading.Lock()  # held while resolving
-        self._handed_over = False  # a batch of steps is waiting for the sampler
         series.running.inc()
 
     # -- hot path: record and resolve what is already done ---------------------------------------------
 
     def add(self, step: Step) -> None:
-        """Queue a step; every DRAIN_BATCH steps the sampler observes those whose marks are complete."""
-        pending = self._pending
-        pending.append(step)
+        """Queue a step; it is observed by a later :meth:`drain` once its marks are complete."""
+        self._pending.append(step)
         if step.phase is not None:
             self.forwards += 1
-        if len(pending) >= DRAIN_BATCH and not self._handed_over:
-            self._handed_over = True
-            SAMPLER.defer(_ReadySteps(self), self.series.errors)
 
     def mark_tokens(self, device: str, tokens: int) -> None:
         """``tokens`` per sequence are ready now: a clock mark on the current stream (an event on CUDA)
@@ -215,12 +209,13 @@ class Request:
         """Whether the request's cache is preallocated (its size cannot change: measured once)."""
         return self._kv is not None and self._kv.capacity_tokens is not None
 
+    def drain_batch(self) -> None:
+        """:meth:`drain` once DRAIN_BATCH steps are pending."""
+        if len(self._pending) >= DRAIN_BATCH:
+            self.drain()
+
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
-        with self._lock:
-            return self._drain()
-
-    def _drain(self) -> bool:
         pending, clock = self._pending, self.clock
         if pending and not self._anchored:
             # The anchor was recorded on an idle stream and completes at once, but elapsed_time needs it
@@ -230,13 +225,17 @@ class Request:
             self._anchored = True
         if self._first_token is None and self.anchor.event is not None:  # a host clock has no anchor lag
             self._bound_anchor_lag()
-        while pending:
-            step = pending[0]
-            if not clock.ready(step.end):
-                return False
-            pending.popleft()
-            self._resolve(step)
-        return True
+        observations = Observations()
+        try:
+            while pending:
+                step = pending[0]
+                if not clock.ready(step.end):
+                    return False
+                pending.popleft()
+                self._resolve(step, observations)
+            return True
+        finally:
+            observations.flush()
 
     def _anchor_lag_bound(self, step: Step) -> float:
         """How late the anchor must have been for ``step``'s marks not to map before they were recorded.
@@ -264,11 +263,11 @@ class Request:
                 break
             self._anchor_lag = max(self._anchor_lag, self._anchor_lag_bound(step))
 
-    def _resolve(self, step: Step) -> None:
+    def _resolve(self, step: Step, observations: Observations) -> None:
         clock = self.clock
         end = clock.host_time(self.anchor, step.end) + self._anchor_lag
         if step.phase is not None:
-            step.account_forward(clock)
+            step.account_forward(clock, observations)
             if self._first_forward_start is None:
                 # The prefill starts once the host has called the forward and the device has finished
                 # the work queued before it: the later of the two, as the synchronize-based ground truth
@@ -280,7 +279,8 @@ class Request:
                     device_start if host_start is None else max(host_start, device_start)
                 )
                 if self.arrival is not None:
-                    self.series.queue.observe(max(0.0, self._first_forward_start - self.arrival))
+                    queued = max(0.0, self._first_forward_start - self.arrival)
+                    observations.observe(self.series.queue, queued)
             clock.release(step.start)
         if step.tokens:
             # The request's own state first: an observation that fails costs only itself.
@@ -289,15 +289,15 @@ class Request:
             series = self.series
             if previous is None:
                 self._first_token = end
-                series.ttft.observe(end - self.entry)
+                observations.observe(series.ttft, end - self.entry)
                 start = self._first_forward_start
-                series.prefill.observe(end - (self.entry if start is None else start))
+                observations.observe(series.prefill, end - (self.entry if start is None else start))
             else:
                 gap = end - previous
                 self._max_gap = max(self._max_gap, gap)
                 per_token = gap / step.tokens
                 for _ in range(step.tokens):
-                    series.itl.observe(per_token)
+                    observations.observe(series.itl, per_token)
         clock.release(step.end)
 
     # -- the end of a request --------------------------------------------------------------------------
@@ -322,16 +322,12 @@ class Request:
 
     def complete(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet."""
-        with self._lock:
-            return self._complete()
-
-    def _complete(self) -> bool:
         if self._status not in ("ok", "cancelled"):
             # A failed request: keep what already resolved, drop marks that may never be reached.
-            self._drain()
+            self.drain()
             self._pending.clear()
             return True
-        if not self._drain() or (self._counts is not None and not self._counts.ready()):
+        if not self.drain() or (self._counts is not None and not self._counts.ready()):
             return False
         series = self.series
         # A cancelled request's decode was cut short: it gets no per-request latency observations.
@@ -363,25 +359,6 @@ class Request:
         return time.monotonic() > self.deadline
 
 
-class _ReadySteps:
-    """A request's hand-over to the sampler: one pass that observes its complete steps (the rest wait for
-    the next hand-over or the request's exit), so the sampler never polls a request in flight."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-
-    def complete(self) -> bool:
-        request = self.request
-        request._handed_over = False  # before draining: a step added meanwhile is handed over again
-        request.drain()
-        return True
-
-    def expired(self) -> bool:
-        return False
-
-
 class LooseForward:
     """A forward that ran outside any request (a hand-written loop without tracking): only its device
     time is observed, once its end mark is complete."""
@@ -396,7 +373,9 @@ class LooseForward:
     def complete(self) -> bool:
         if not self.clock.ready(self.step.end):
             return False
-        self.step.account_forward(self.clock)
+        observations = Observations()
+        self.step.account_forward(self.clock, observations)
+        observations.flush()
         self.clock.release(self.step.start)
         self.clock.release(self.step.end)
         return True

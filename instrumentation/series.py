@@ -7,6 +7,7 @@ serves the model, so they are kept under a lock; the background sampler turns th
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -128,13 +129,15 @@ class ModelSeries:
     def bytes_per_token(self) -> float | None:
         return self._totals.bytes_per_token
 
-    def add_forward(self, device: str, phase: str, seconds: float, work: float) -> None:
-        """Account one resolved forward: ``work`` is bytes read (decode) or FLOPs (prefill); a mixed step
-        counts in the busy time only (its work is neither a prefill's nor a decode's)."""
+    def add_forwards(self, device: str, phase: str, durations: list[float], work: float) -> None:
+        """Account resolved forwards of one phase on one device: ``work`` is the bytes they read (decode)
+        or FLOPs they computed (prefill); a mixed step counts in the busy time only (its work is neither
+        a prefill's nor a decode's)."""
         histogram = self.forward.get(phase)
         if histogram is None:
             histogram = self.forward[phase] = self.metrics[cat.FORWARD].labels(self.name, phase)
-        histogram.observe(seconds)
+        observe_many(histogram, durations)
+        seconds = sum(durations)
         with self._lock:
             window = self._totals.windows.get(device)
             if window is None:
@@ -146,13 +149,6 @@ class ModelSeries:
             elif phase == "prefill":
                 window.prefill_seconds += seconds
                 window.prefill_flops += work
-
-    def observe_step_tokens(self, prefill: int, decode: int) -> None:
-        """Tokens of one forward by kind (a kind the step did not carry is not observed)."""
-        if prefill:
-            self.step_tokens["prefill"].observe(prefill)
-        if decode:
-            self.step_tokens["decode"].observe(decode)
 
     def watch_paged_cache(self, view: Any) -> None:
         """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on."""
@@ -187,6 +183,75 @@ class ModelSeries:
         """The work accounted on ``device`` since the last call, and start a new window."""
         with self._lock:
             return self._totals.windows.pop(device, None) or Window()
+
+
+def observe_many(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(value)`` for every value, as one update per bucket touched.
+
+    prometheus_client's ``observe`` takes a lock for the sum and another for the value's bucket, found by
+    a scan in Python: per value that is the largest part of resolving a step (docs/benchmarks.md, "Overhead
+    on the fastest decode paths"). Here the buckets are counted first (``bisect``, bounds ascending and
+    ending in +Inf: the bucket of ``v`` is the first bound >= ``v``, as ``observe`` has it). A histogram
+    without prometheus_client's layout, or whose ``observe`` was replaced on the instance (a wrapper that
+    records the values, say), is observed value by value."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    replaced = "observe" in getattr(histogram, "__dict__", ())
+    if replaced or bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            histogram.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:
+        index = bisect.bisect_left(bounds, value)
+        counts[index] = counts.get(index, 0) + 1
+    for index, count in counts.items():
+        if index < len(buckets):  # NaN lands in no bucket, as with observe
+            buckets[index].inc(count)
+    total.inc(sum(values))
+
+
+class Observations:
+    """What resolving a batch of steps observes, gathered and made together by :meth:`flush`: the values
+    of each histogram child go through :func:`observe_many`, forwards through one locked update per
+    (model, device, phase)."""
+
+    __slots__ = ("_forwards", "_values")
+
+    def __init__(self) -> None:
+        self._values: dict[Any, list[float]] = {}
+        self._forwards: dict[tuple[ModelSeries, str, str], tuple[list[float], list[float]]] = {}
+
+    def observe(self, histogram: Any, value: float) -> None:
+        values = self._values.get(histogram)
+        if values is None:
+            values = self._values[histogram] = []
+        values.append(value)
+
+    def forward(self, series: ModelSeries, device: str, phase: str, seconds: float, work: float) -> None:
+        """A resolved forward (see :meth:`ModelSeries.add_forwards`)."""
+        entry = self._forwards.get((series, device, phase))
+        if entry is None:
+            entry = self._forwards[(series, device, phase)] = ([], [])
+        entry[0].append(seconds)
+        entry[1].append(work)
+
+    def step_tokens(self, series: ModelSeries, prefill: int, decode: int) -> None:
+        """Tokens of one forward by kind (a kind the step did not carry is not observed)."""
+        if prefill:
+            self.observe(series.step_tokens["prefill"], prefill)
+        if decode:
+            self.observe(series.step_tokens["decode"], decode)
+
+    def flush(self) -> None:
+        """Make every gathered observation; the batch starts empty again even if one fails."""
+        values, self._values = self._values, {}
+        forwards, self._forwards = self._forwards, {}
+        for (series, device, phase), (durations, work) in forwards.items():
+            series.add_forwards(device, phase, durations, sum(work))
+        for histogram, batch in values.items():
+            observe_many(histogram, batch)
 
 
 #: Gauges that describe a model while it exists, by the labels after ``model``: removed with the model.

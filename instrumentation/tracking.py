@@ -81,6 +81,7 @@ class RequestTracker:
             self._series.heartbeat()
             request.count_tokens(k)
             request.mark_tokens(self._device_label, k)
+            request.drain_batch()
         except Exception as exc:
             self._errors.report("track", exc)
 

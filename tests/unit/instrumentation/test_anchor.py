@@ -87,6 +87,7 @@ def run_request(registry: CollectorRegistry, forwards: list[tuple[float, float, 
             batch=1,
         )
         request.add(step)
+        request.drain_batch()
     request.finish("ok")
     assert request.complete()
 

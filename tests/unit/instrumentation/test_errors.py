@@ -82,7 +82,7 @@ def test_simulated_oom_is_counted_then_reraised(gpt2, registry, instrumented, er
 
 def test_internal_error_is_contained_and_counted(llama, registry, instrumented, monkeypatch, caplog) -> None:
     ids, mask = batch_of("contained")
-    # More steps than a drain batch, so the broken observer runs on the sampler while generate runs.
+    # More steps than a drain batch, so the broken observer runs inside the forward hook.
     new_tokens = DRAIN_BATCH + 4
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
     handle = instrumented(llama, model_name="m")
@@ -97,7 +97,7 @@ def test_internal_error_is_contained_and_counted(llama, registry, instrumented, 
         out_again = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
     assert handle.flush()
     assert torch.equal(out, expected) and torch.equal(out_again, expected)
-    errors = metric(registry, "llm_instrumentation_errors_total", stage="resolve")
+    errors = metric(registry, "llm_instrumentation_errors_total", stage="forward_post")
     assert errors is not None and errors >= 2
     logged = [r for r in caplog.records if "inferwatch internal error" in r.getMessage()]
     assert len(logged) == 1  # rate-limited: one report per stage per interval
