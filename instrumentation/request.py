@@ -265,7 +265,6 @@ class Request:
 
     def _resolve(self, step: Step, observations: Observations) -> None:
         clock = self.clock
-        end = clock.host_time(self.anchor, step.end) + self._anchor_lag
         if step.phase is not None:
             step.account_forward(clock, observations)
             if self._first_forward_start is None:
@@ -283,6 +282,9 @@ class Request:
                     observations.observe(self.series.queue, queued)
             clock.release(step.start)
         if step.tokens:
+            # Only a step that brought tokens is placed on the host clock (a forward followed by the
+            # sampled-token mark is not: one elapsed_time less per decode step).
+            end = clock.host_time(self.anchor, step.end) + self._anchor_lag
             # The request's own state first: an observation that fails costs only itself.
             previous, self._last_token = self._last_token, end
             self._token_steps += step.tokens

@@ -3,7 +3,7 @@
 Wraps the hook methods of the instrumentation (class attributes, before ``instrument()`` binds them) with
 ``perf_counter`` accumulators, runs instrumented ``generate`` calls, and prints the mean cost per call,
 and per forward the host time of the serving thread's hot path (the forward hooks, the compiled call's
-wrapper and the sampled-token criterion) apart from what the background sampler spends resolving; then
+wrapper and the sampled-token criterion), and the part of it spent resolving earlier steps; then
 interleaves plain and instrumented runs for the end-to-end ratio, and prints a cProfile of one
 instrumented ``generate`` restricted to inferwatch's and torch.cuda's functions.
 
@@ -107,7 +107,7 @@ def main() -> int:
     hot = sum(sum(COSTS[f"{owner.__name__}.{name}"]) for owner, name in HOT_PATH)
     resolving = sum(COSTS["Request._resolve"])
     print(f"# hot path per forward (serving thread): {hot / forwards * 1e6:.1f} µs")
-    print(f"# resolving per forward (sampler; serving thread at exit): {resolving / forwards * 1e6:.1f} µs")
+    print(f"# of which resolving, per forward (in batches): {resolving / forwards * 1e6:.1f} µs")
 
     profile = cProfile.Profile()
     profile.enable()
