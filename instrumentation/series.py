@@ -204,11 +204,11 @@ def observe_many(histogram: Any, values: list[float]) -> None:
         return
     counts: dict[int, int] = {}
     for value in values:
-        index = bisect.bisect_left(bounds, value)
-        counts[index] = counts.get(index, 0) + 1
+        if value == value:  # NaN lands in no bucket (only in the sum), as with observe
+            index = bisect.bisect_left(bounds, value)
+            counts[index] = counts.get(index, 0) + 1
     for index, count in counts.items():
-        if index < len(buckets):  # NaN lands in no bucket, as with observe
-            buckets[index].inc(count)
+        buckets[index].inc(count)
     total.inc(sum(values))
 
 

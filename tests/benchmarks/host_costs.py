@@ -1,0 +1,100 @@
+"""What the host pays per call, warm, for the pieces a decode step of inferwatch is made of: a clock mark,
+a histogram observation, a small CUDA op, and the forward hooks themselves, on a GPU machine.
+
+Each figure is the best of 5 repetitions of a tight loop (caches warm, no model running in between): the
+floor under what ``hook_cost.py`` measures in place, where the model's own work between two steps evicts
+inferwatch's code and data from the CPU caches.
+
+    python tests/benchmarks/host_costs.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.clock import clock_for
+from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.request import CURRENT_REQUEST, TIMED_AROUND, Request, Step
+from prometheus_client import CollectorRegistry, Histogram
+
+
+def report(name: str, call: Callable[[], Any], number: int = 20000) -> None:
+    call()
+    best = min(timeit.repeat(call, number=number, repeat=5)) / number
+    print(f"| {name} | {best * 1e6:.2f} |")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("host_costs: no CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device("cuda", 0)
+    clock = clock_for(device)
+    event, stream = torch.cuda.Event(enable_timing=True), torch.cuda.current_stream()
+    flags = torch.zeros(8, dtype=torch.bool, device=device)
+    histogram = Histogram("x", "x", buckets=[i * 0.001 for i in range(1, 30)], registry=CollectorRegistry())
+    earlier, later = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    earlier.record()
+    later.record()
+    torch.cuda.synchronize()
+
+    print("| call | µs |\n|---|---|")
+    report("time.perf_counter()", time.perf_counter)
+    report("torch.cuda.Event.record(stream)", lambda: event.record(stream))
+    record = torch._C._CudaEventBase.record
+    report("the same through torch._C._CudaEventBase.record", lambda: record(event, stream))
+    report("CudaClock.mark() + release", lambda: clock.release(clock.mark()))
+    report("torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0))
+    report("torch.cuda.current_stream()", torch.cuda.current_stream)
+    report("bool | bool on CUDA (8 elements)", lambda: flags | flags)
+    report("ContextVar.get", TIMED_AROUND.get)
+    report("torch.compiler.is_compiling()", torch.compiler.is_compiling)
+    report(
+        "Step(...) by keyword",
+        lambda: Step(
+            series=None,
+            device="d",
+            phase="decode",
+            start=1,
+            end=2,
+            tokens=1,
+            work=0.0,
+            start_host=1.0,
+            end_host=2.0,
+            batch=1,
+            processed=1,
+        ),
+    )
+    report("Histogram.observe (29 buckets)", lambda: histogram.observe(0.02))
+    report("Event.elapsed_time", lambda: earlier.elapsed_time(later))
+    report("Event.query", earlier.query)
+
+    model = build_model("small-llama", device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(10, 200, (1, 1), device=device)
+    handle = instrument(model, model_name="m", registry=CollectorRegistry())
+    hooks = handle._instrumentation
+    request = Request(hooks.series, clock, owner=hooks)
+    CURRENT_REQUEST.set(request)
+    with torch.inference_mode():
+        output = model(ids)
+
+        def forward_hooks() -> None:
+            hooks._forward_pre(model, (ids,), {})
+            hooks._forward_post(model, (ids,), {}, output)
+
+        report("_forward_pre + _forward_post, inside a request", forward_hooks, number=2000)
+        report("Request.mark_tokens", lambda: request.mark_tokens("cuda:0", 1), number=2000)
+        report("small-llama forward of one token, instrumented", lambda: model(ids), number=200)
+        handle.remove()
+        report("small-llama forward of one token, bare", lambda: model(ids), number=200)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Observations made in batches give the same exposition as prometheus_client observing value by value."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from inferwatch.instrumentation.series import Observations, observe_many
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+BUCKETS = (0.001, 0.01, 0.1, 1.0)
+# On every bound, between bounds, under the first, over the last, and repeated values.
+VALUES = [0.0, 0.0005, 0.001, 0.001, 0.0011, 0.01, 0.05, 0.1, 0.5, 1.0, 1.0000001, 7.0, 0.001]
+
+
+def histogram(registry: CollectorRegistry) -> Histogram:
+    return Histogram("x_seconds", "x.", ["model"], buckets=BUCKETS, registry=registry).labels("m")
+
+
+def exposition(registry: CollectorRegistry) -> list[str]:
+    """The text exposition without ``_created`` (the two histograms were made at different times)."""
+    return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+
+def test_observe_many_equals_observing_each_value() -> None:
+    one_by_one, batched = CollectorRegistry(), CollectorRegistry()
+    single = histogram(one_by_one)
+    for value in VALUES:
+        single.observe(value)
+    observe_many(histogram(batched), VALUES)
+    assert exposition(batched) == exposition(one_by_one)
+
+
+def test_nan_counts_in_the_sum_and_no_bucket_as_with_observe() -> None:
+    one_by_one, batched = CollectorRegistry(), CollectorRegistry()
+    histogram(one_by_one).observe(math.nan)
+    observe_many(histogram(batched), [math.nan])
+    assert exposition(batched) == exposition(one_by_one)
+
+
+def test_a_replaced_observe_still_sees_every_value() -> None:
+    seen: list[float] = []
+    child = histogram(CollectorRegistry())
+    original = child.observe
+
+    def record(value: float) -> None:
+        seen.append(value)
+        original(value)
+
+    child.observe = record
+    observe_many(child, VALUES)
+    assert seen == VALUES
+
+
+def test_a_batch_is_made_once_and_starts_empty_again() -> None:
+    registry = CollectorRegistry()
+    child = histogram(registry)
+    observations = Observations()
+    for value in VALUES[:3]:
+        observations.observe(child, value)
+    assert registry.get_sample_value("x_seconds_count", {"model": "m"}) == 0
+    observations.flush()
+    observations.flush()
+    assert registry.get_sample_value("x_seconds_count", {"model": "m"}) == 3
+
+
+def test_multiprocess_values_take_a_batch(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In multiprocess mode the bucket values are memory-mapped files: ``inc`` by a count works there too."""
+    from prometheus_client import values
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.get_value_class())
+    observe_many(histogram(CollectorRegistry()), VALUES)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=str(tmp_path))
+    assert merged.get_sample_value("x_seconds_count", {"model": "m"}) == len(VALUES)
+    assert merged.get_sample_value("x_seconds_bucket", {"model": "m", "le": "0.001"}) == 5
