@@ -9,6 +9,9 @@
   produced when the device has sampled it. Exceptions from the model propagate unchanged.
 * ``init_continuous_batching``: wrapped the same way; the managers it returns are followed request by
   request and step by step (:mod:`inferwatch.instrumentation.batching`).
+* ``get_compiled_call``: wrapped the same way; the ``torch.compile``'d call generate uses for decode steps
+  with a static cache is timed from around it, while the forward hooks, traced into that compiled region,
+  fold to nothing (docs/timing.md, "The compiled decode step").
 
 What inferwatch keeps never keeps the model alive: the registry of handles is weak, the handle reaches the
 wrappers only weakly, and when the model is collected its live series go with it.
