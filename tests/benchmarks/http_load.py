@@ -53,15 +53,14 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
+from tests.support import free_port, parse_samples  # noqa: E402
 from tests.support import httpload as load  # noqa: E402
-from tests.support import parse_samples  # noqa: E402
 from tests.support.httpload import (  # noqa: E402
     Hostile,
     Latencies,
     Load,
     ProcessWatch,
     Target,
-    free_port,
     wait_listening,
 )
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support import free_port
 from tests.support import httpload as loadgen
 from tests.support.httpload import Hostile, Latencies, ProcessWatch, Target
 
@@ -219,7 +220,7 @@ def server_process(
     python: str, name: str, cert: Path | None = None, key: Path | None = None
 ) -> Iterator[tuple[int, int]]:
     """A candidate serving on a free port, as (port, pid); TLS when ``cert`` is given."""
-    port = loadgen.free_port()
+    port = free_port()
     cmd = [python, __file__, "serve", name, str(port)]
     if cert is not None:
         cmd += [str(cert), str(key)]

@@ -284,12 +284,6 @@ def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(scenario())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_listening(port: int, process: subprocess.Popen, log: Any, timeout: float = 60) -> None:
     """Wait until ``process`` accepts connections on ``port``; exit with its output (``log``, a file) if
     it ends or does not within ``timeout`` seconds."""
