@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, paired_ratios, print_table, timed_generate, write_json
+from bench_common import environment, median, paired_ratios, print_table, timed_generate, write_json
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -75,9 +75,9 @@ def measure(model: torch.nn.Module, batch: int, new_tokens: int, pairs: int) -> 
     return {
         "batch": batch,
         "new_tokens": new_tokens,
-        "bare_tokens_per_s": sorted(bare)[len(bare) // 2],
-        "inferwatch_tokens_per_s": sorted(watched)[len(watched) // 2],
-        "step_ms": 1e3 * batch / sorted(bare)[len(bare) // 2],
+        "bare_tokens_per_s": median(bare),
+        "inferwatch_tokens_per_s": median(watched),
+        "step_ms": 1e3 * batch / median(bare),
         **paired_ratios(ratios),
         "dynamo_before": before,
         "dynamo_after": after,
