@@ -8,9 +8,11 @@ Both clocks here share one interface, so the request and forward timing code is 
   once, so its device timestamp names the same instant as the host reading, and every later event can be
   placed on the host clock as ``anchor.host + anchor.event.elapsed_time(event)``.
 * :meth:`Clock.mark` records a point in the device's work queue (the current stream, or a given one
-  with :meth:`Clock.mark_on`): an event on CUDA,
+  with :meth:`Clock.mark_on`, or one fixed by :meth:`Clock.marker`): an event on CUDA,
   a ``perf_counter`` reading on CPU, where work is synchronous and the reading *is* the completion time.
 * :meth:`Clock.ready` asks, without blocking, whether that point has been reached (``event.query()``).
+* :meth:`Clock.spans` resolves marks recorded in pairs around steps, all at once: each pair's duration and
+  its end on the host clock.
 * :meth:`Clock.fetch` copies a small device tensor to the host asynchronously (pinned memory + event), so
   values such as token counts are read once the device has produced them, never by stalling the caller.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -90,6 +93,8 @@ class Clock(Protocol):
 
     def mark(self) -> Any: ...
 
+    def marker(self) -> Callable[[], Any]: ...
+
     def mark_on(self, stream: Any) -> Any: ...
 
     def ready(self, mark: Any) -> bool: ...
@@ -98,7 +103,11 @@ class Clock(Protocol):
 
     def elapsed(self, earlier: Any, later: Any) -> float: ...
 
+    def spans(self, anchor: Anchor, marks: list[Any]) -> tuple[list[float], list[float]]: ...
+
     def release(self, mark: Any) -> None: ...
+
+    def release_all(self, marks: list[Any]) -> None: ...
 
     def fetch(self, tensor: torch.Tensor) -> Fetched: ...
 
@@ -115,6 +124,9 @@ class HostClock:
     def mark(self) -> float:
         return time.perf_counter()
 
+    def marker(self) -> Callable[[], float]:
+        return time.perf_counter
+
     def mark_on(self, stream: Any) -> float:
         return time.perf_counter()
 
@@ -127,7 +139,13 @@ class HostClock:
     def elapsed(self, earlier: float, later: float) -> float:
         return later - earlier
 
+    def spans(self, anchor: Anchor, marks: list[float]) -> tuple[list[float], list[float]]:
+        return [marks[i + 1] - marks[i] for i in range(0, len(marks), 2)], marks[1::2]
+
     def release(self, mark: float) -> None:
+        pass
+
+    def release_all(self, marks: list[float]) -> None:
         pass
 
     def fetch(self, tensor: torch.Tensor) -> Fetched:
@@ -137,6 +155,10 @@ class HostClock:
 #: ``torch.cuda.Event.record`` without its Python layer (which only fills in the current stream, given
 #: here); the public method where torch has no such base class.
 _record = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None) or torch.cuda.Event.record
+#: ``torch.cuda.Event.elapsed_time`` without its Python layer, likewise (milliseconds).
+_elapsed_ms = (
+    getattr(getattr(torch._C, "_CudaEventBase", None), "elapsed_time", None) or torch.cuda.Event.elapsed_time
+)
 
 
 class CudaClock:
@@ -188,6 +210,22 @@ class CudaClock:
         _record(event, stream)
         return event
 
+    def marker(self) -> Callable[[], torch.cuda.Event]:
+        """:meth:`mark` bound to the current stream, for a caller that records many marks in a row there
+        (a request's compiled decode steps: generate does not change streams between them). The one
+        frame left of a mark, which is about all a compiled decode step costs (docs/timing.md)."""
+        pool, stream = self._pool, torch.cuda.current_stream(self.device)
+
+        def mark() -> torch.cuda.Event:
+            try:
+                event = pool.pop()
+            except IndexError:
+                event = torch.cuda.Event(enable_timing=True)
+            _record(event, stream)
+            return event
+
+        return mark
+
     def mark_on(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event:
         """A mark on ``stream`` (the current stream when None): work queued on a stream of its own, like
         continuous batching's compute stream, is timed there."""
@@ -206,10 +244,21 @@ class CudaClock:
     def elapsed(self, earlier: torch.cuda.Event, later: torch.cuda.Event) -> float:
         return earlier.elapsed_time(later) / 1e3
 
+    def spans(self, anchor: Anchor, marks: list[torch.cuda.Event]) -> tuple[list[float], list[float]]:
+        # Two elapsed_time calls per pair are most of what resolving a compiled decode step costs: no
+        # Python frame around them (hook_cost.py --static on the H200).
+        reference, host, elapsed_ms = anchor.event, anchor.host, _elapsed_ms
+        durations = [elapsed_ms(marks[i], marks[i + 1]) / 1e3 for i in range(0, len(marks), 2)]
+        ends = [host + elapsed_ms(reference, marks[i]) / 1e3 for i in range(1, len(marks), 2)]
+        return durations, ends
+
     def release(self, mark: Any) -> None:
         event = mark.event if isinstance(mark, Anchor) else mark
         if event is not None:
             self._pool.append(event)
+
+    def release_all(self, marks: list[torch.cuda.Event]) -> None:
+        self._pool.extend(marks)
 
     def fetch(self, tensor: torch.Tensor) -> Fetched:
         return _PinnedCopy(tensor, self)

@@ -4,14 +4,16 @@
   record a clock mark each, read input and KV-cache *shapes*, and attribute the pass to the request
   running in this thread (a context variable set by the generate wrapper or by ``track_request``).
 * ``generate``: replaced by an *instance* attribute wrapping the original (the class is never patched),
-  which opens a request at entry and closes it at exit, and adds a stopping criterion that never stops
-  anything but records a clock mark each time the next tokens have been sampled: a token counts as
-  produced when the device has sampled it. Exceptions from the model propagate unchanged.
+  which opens a request at entry and closes it at exit. Exceptions from the model propagate unchanged.
+* ``_get_stopping_criteria``: wrapped the same way; the criteria generate calls each time it has sampled
+  the next tokens come back as :class:`TokenMarkingCriteria`, which records a clock mark there first: a
+  token counts as produced when the device has sampled it.
 * ``init_continuous_batching``: wrapped the same way; the managers it returns are followed request by
   request and step by step (:mod:`inferwatch.instrumentation.batching`).
 * ``get_compiled_call``: wrapped the same way; the ``torch.compile``'d call generate uses for decode steps
   with a static cache is timed from around it, while the forward hooks, traced into that compiled region,
-  fold to nothing (docs/timing.md, "The compiled decode step").
+  fold to nothing. Once a request's shapes are settled its steps are a :class:`DecodeRun`: two marks per
+  step and nothing else in the hot path (docs/timing.md, "The compiled decode step").
 
 What inferwatch keeps never keeps the model alive: the registry of handles is weak, the handle reaches the
 wrappers only weakly, and when the model is collected its live series go with it.
@@ -23,6 +25,7 @@ Everything inferwatch does in these paths is inside ``try/except`` and reported 
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import os
 import threading
@@ -51,7 +54,9 @@ from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
 from inferwatch.instrumentation.request import (
     CURRENT_REQUEST,
+    RUN_DRAIN_MARKS,
     TIMED_AROUND,
+    DecodeRun,
     LooseForward,
     Request,
     Step,
@@ -66,9 +71,6 @@ MAX_MODEL_LABEL_LENGTH = 128
 #: A request's KV cache is measured after its prefill, its first decode step and then every this many
 #: steps: the gauge trails the cache by fewer tokens than that.
 KV_MEASURE_INTERVAL = 16
-#: generate's positional parameters up to ``stopping_criteria`` (inputs, generation_config,
-#: logits_processor, stopping_criteria): a call that passes it positionally keeps its own list.
-_STOPPING_CRITERIA_POSITION = 3
 
 
 def default_model_name(model: torch.nn.Module) -> str:
@@ -181,6 +183,7 @@ class ModelInstrumentation:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._hook_ids: tuple[int, int] = (-1, -1)  # (pre-hook, post-hook) ids in the model's hook dicts
         # Weak: the wrappers (generate, init_continuous_batching) live on the model and hold the original
         # methods (bound to the model); a strong reference from here would keep every instrumented model
         # alive.
@@ -188,8 +191,6 @@ class ModelInstrumentation:
         self.batching = BatchingHooks(self)
         self._poller_keys: list[tuple] = []
         self._devices: set[str] = set()  # every device label the model's series were written under
-        # transformers' StoppingCriteriaList where generate is transformers' (it takes stopping criteria).
-        self._criteria_list = _stopping_criteria_list(model)
 
     # -- installation ----------------------------------------------------------------------------------
 
@@ -198,7 +199,10 @@ class ModelInstrumentation:
             model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
+        self._hook_ids = (self._hook_handles[0].id, self._hook_handles[1].id)
         self._replace(model, "generate", self._wrap_generate)
+        if _token_marking_criteria() is not None and _generates_like_transformers(model):
+            self._replace(model, "_get_stopping_criteria", self._wrap_stopping_criteria)
         if hasattr(model, "get_compiled_call"):
             self._replace(model, "get_compiled_call", self._wrap_compiled_call)
         if hasattr(model, "init_continuous_batching"):
@@ -337,6 +341,9 @@ class ModelInstrumentation:
         # timed from around it instead (_wrap_compiled_call).
         if torch.compiler.is_compiling() or not self.active or TIMED_AROUND.get():
             return
+        request = CURRENT_REQUEST.get()
+        if request is not None and request.decode_run is not None:  # timed from around the compiled call
+            return  # (the post-hook finds no start and returns too)
         try:
             placement = self.placement
             tensor = _input_tensor(args, kwargs)
@@ -429,10 +436,9 @@ class ModelInstrumentation:
             request = self._begin(entry)
             if request is None:
                 return original(*args, **kwargs)
-            call_kwargs = self._with_token_marks(request, args, kwargs)
             token = CURRENT_REQUEST.set(request)
             try:
-                output = original(*args, **call_kwargs)
+                output = original(*args, **kwargs)
             except BaseException as exc:
                 CURRENT_REQUEST.reset(token)
                 self._fail(request, exc)
@@ -456,19 +462,115 @@ class ModelInstrumentation:
         return get_compiled_call
 
     def _timed_around(self, compiled: Any) -> Any:
-        # A closure per generate: kept by nobody once generate returns (it holds the model through
-        # ``compiled``).
+        # A closure per generate: kept by nobody once generate returns (it holds the model, as
+        # ``compiled`` does).
+        model = self.model_ref()
+
         def compiled_forward(*args: Any, **kwargs: Any) -> Any:
-            self._forward_pre(None, args, kwargs)
-            token = TIMED_AROUND.set(True)
+            request = CURRENT_REQUEST.get()
+            run = None if request is None else request.decode_run
+            if run is None or not self.active:
+                run = self._start_run(request, args, kwargs)
+            if run is None:
+                self._forward_pre(None, args, kwargs)
+                token = TIMED_AROUND.set(True)
+                try:
+                    output = self._call_unhooked(model, compiled, args, kwargs)
+                finally:
+                    TIMED_AROUND.reset(token)
+                self._forward_post(None, args, kwargs, output)
+                return output
+            # The hot path of a settled decode step: a mark before, a mark after, nothing else. The forward
+            # hooks stand aside for a request with a run (should they be left in, see _call_unhooked).
             try:
-                output = compiled(*args, **kwargs)
-            finally:
-                TIMED_AROUND.reset(token)
-            self._forward_post(None, args, kwargs, output)
+                start = run.mark()
+            except Exception as exc:
+                self.errors.report("forward_pre", exc)
+                return self._call_unhooked(model, compiled, args, kwargs)
+            output = self._call_unhooked(model, compiled, args, kwargs)
+            try:
+                end = run.mark()
+                marks = run.marks
+                marks.append(start)
+                marks.append(end)
+                if len(marks) >= RUN_DRAIN_MARKS:
+                    request.drain()  # earlier steps, complete since generate's last synchronization
+            except Exception as exc:
+                self.errors.report("forward_post", exc)
             return output
 
         return compiled_forward
+
+    def _call_unhooked(self, model: torch.nn.Module, compiled: Any, args: tuple, kwargs: dict) -> Any:
+        """``compiled(*args, **kwargs)`` with this model's forward hooks taken out for the call, where they
+        are its only ones.
+
+        A module with forward hooks runs them through ``Module._call_impl``'s slow path, which the compiled
+        call then captures and replays every step: 25 µs per step on the CPU even with hooks that trace to
+        nothing (probe in docs/benchmarks.md), about what all of inferwatch's own work costs. Without them
+        the call is exactly the one a bare model compiles, so instrument() and remove() never make dynamo
+        compile again. Another thread's forward of the same model during the call is not timed; with
+        hooks of the user's on the model, ours stay and stand aside (TIMED_AROUND, DecodeRun)."""
+        pre_hooks, post_hooks = model._forward_pre_hooks, model._forward_hooks
+        pre_id, post_id = self._hook_ids
+        if len(pre_hooks) != 1 or len(post_hooks) != 1:
+            return compiled(*args, **kwargs)
+        pre_hook, post_hook = pre_hooks.pop(pre_id, None), post_hooks.pop(post_id, None)
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            with self._lock:  # remove() takes the same lock: a hook it removed is never put back
+                if self.active:
+                    if pre_hook is not None:
+                        pre_hooks[pre_id] = pre_hook
+                    if post_hook is not None:
+                        post_hooks[post_id] = post_hook
+
+    def _start_run(self, request: Request | None, args: tuple, kwargs: dict) -> DecodeRun | None:
+        """The request's :class:`DecodeRun`, begun now if its decode steps are settled: its third forward
+        or later, one new token per sequence, a preallocated cache already measured. None: the forward
+        hooks time this step."""
+        if (
+            request is None
+            or request.owner is not self
+            or request.forwards < 2
+            or not request.kv_static
+            or not self.active
+        ):
+            return None
+        try:
+            placement = self.placement
+            tensor = _input_tensor(args, kwargs)
+            if request.clock is not placement.clock or tensor is None or tensor.shape[1] != 1:
+                return None
+            work = placement.footprint.decode_read_bytes + request.kv_bytes
+            run = request.decode_run = DecodeRun(request.clock, placement.label, tensor.shape[0], work)
+            return run
+        except Exception as exc:
+            self.errors.report("forward_pre", exc)
+            return None
+
+    def _wrap_stopping_criteria(self, original: Any) -> Any:
+        """``_get_stopping_criteria``, through which generate builds the stopping criteria of its loop:
+        for a request of this model they come back as :class:`TokenMarkingCriteria`."""
+
+        @functools.wraps(original)
+        def get_stopping_criteria(*args: Any, **kwargs: Any) -> Any:
+            criteria = original(*args, **kwargs)
+            request = CURRENT_REQUEST.get()
+            if not self.active or request is None or request.owner is not self or request.marks_sampling:
+                return criteria
+            try:
+                marking = _token_marking_criteria()
+                if not isinstance(criteria, marking.__bases__[0]):  # not transformers' list: left alone
+                    return criteria
+                criteria = marking(criteria, self, request)
+                request.marks_sampling = True
+            except Exception as exc:
+                self.errors.report("generate_enter", exc)
+            return criteria
+
+        return get_stopping_criteria
 
     def _begin(self, entry: float) -> Request | None:
         try:
@@ -479,22 +581,6 @@ class ModelInstrumentation:
         except Exception as exc:
             self.errors.report("generate_enter", exc)
             return None
-
-    def _with_token_marks(self, request: Request, args: tuple, kwargs: dict) -> dict:
-        """generate's keyword arguments with :class:`SampledTokenMarks` added to the caller's stopping
-        criteria (the caller's own list is never modified); the caller's as they are where it cannot be
-        added."""
-        if self._criteria_list is None or len(args) > _STOPPING_CRITERIA_POSITION:
-            return kwargs
-        try:
-            # First in the list: the mark follows sampling, before the caller's own criteria run.
-            own = kwargs.get("stopping_criteria") or []
-            criteria = self._criteria_list([SampledTokenMarks(self, request), *own])
-            request.marks_sampling = True
-            return {**kwargs, "stopping_criteria": criteria}
-        except Exception as exc:
-            self.errors.report("generate_enter", exc)
-            return kwargs
 
     def _fail(self, request: Request, exc: BaseException) -> None:
         try:
@@ -530,37 +616,58 @@ class ModelInstrumentation:
         return None if counts is None else self.placement.clock.fetch(counts)
 
 
-def _stopping_criteria_list(model: torch.nn.Module) -> type | None:
-    """transformers' ``StoppingCriteriaList`` if ``model.generate`` is transformers' (which takes
-    ``stopping_criteria``), else None."""
+def _generates_like_transformers(model: torch.nn.Module) -> bool:
+    """Whether ``model.generate`` is transformers' (whose loop calls ``_get_stopping_criteria``'s list)."""
     try:
-        from transformers.generation.stopping_criteria import StoppingCriteriaList
         from transformers.generation.utils import GenerationMixin
     except ImportError:
+        return False
+    return isinstance(model, GenerationMixin) and callable(getattr(model, "_get_stopping_criteria", None))
+
+
+@functools.cache
+def _token_marking_criteria() -> type | None:
+    """:class:`TokenMarkingCriteria`, made on first use (transformers is imported only where it is used);
+    None without transformers."""
+    try:
+        from transformers.generation.stopping_criteria import StoppingCriteriaList
+    except ImportError:
         return None
-    return StoppingCriteriaList if isinstance(model, GenerationMixin) else None
 
+    class TokenMarkingCriteria(StoppingCriteriaList):
+        """generate's own stopping criteria, which it calls each time it has sampled the next tokens: a
+        clock mark is recorded there first, so TTFT and token times end at the sampled token (after logits
+        processing and sampling), not at the end of the forward.
 
-class SampledTokenMarks:
-    """A stopping criterion that never stops a row: generate calls it each time it has sampled the next
-    tokens, and it records a clock mark there, so TTFT and token times end at the sampled token (after
-    logits processing and sampling), not at the end of the forward. It holds the request, never the
-    model."""
+        No criterion is added to the list: transformers ORs every criterion's answer into the result, a
+        device op per step (9.5 µs of host time on the H200 machine, host_costs.py). The list holds the
+        request, never the model; a deep copy of it is transformers' plain list."""
 
-    def __init__(self, instrumentation: ModelInstrumentation, request: Request) -> None:
-        self._instrumentation = instrumentation
-        self._request = request
-        self._never: torch.Tensor | None = None  # the all-False answer, made once per generate
+        def __init__(self, criteria: list, instrumentation: ModelInstrumentation, request: Request) -> None:
+            super().__init__(criteria)
+            self._instrumentation = instrumentation
+            self._request = request
 
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        never = self._never
-        if never is None or never.shape[0] != input_ids.shape[0]:
-            never = self._never = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        try:
-            self._request.mark_tokens(self._instrumentation.placement.label, 1)
-        except Exception as exc:
-            self._instrumentation.errors.report("token_mark", exc)
-        return never
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            request = self._request
+            if request.decode_run is None:
+                try:
+                    request.mark_tokens(self._instrumentation.placement.label, 1)
+                except Exception as exc:
+                    self._instrumentation.errors.report("token_mark", exc)
+            else:
+                # A compiled run places its tokens at its steps' end marks: from now on this is
+                # transformers' own list again, with no frame of inferwatch's left in the step.
+                try:
+                    self.__class__ = StoppingCriteriaList
+                except TypeError as exc:
+                    self._instrumentation.errors.report("token_mark", exc)
+            return StoppingCriteriaList.__call__(self, input_ids, scores, **kwargs)
+
+        def __deepcopy__(self, memo: dict) -> StoppingCriteriaList:
+            return StoppingCriteriaList(copy.deepcopy(list(self), memo))
+
+    return TokenMarkingCriteria
 
 
 class InstrumentationHandle:

@@ -29,6 +29,9 @@ RESOLVE_DEADLINE_SECONDS = 120.0
 # every time, and a drain's histogram updates are shared by its steps (docs/benchmarks.md, hook_cost.py).
 # Observations appear at most this many steps late (16 decode steps of generate).
 DRAIN_BATCH = 32
+# A DecodeRun's marks are resolved this many at a time (64 compiled decode steps, about 0.2 s on the H200):
+# its per-drain cost, the histogram updates, is shared by four times as many steps.
+RUN_DRAIN_MARKS = 128
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 #: What serving stacks raise inside generate when the client went away: transformers serve's streamer
 #: (``_GenerationCancelled``, by name: it is private) and the generic ways a task or generator is stopped.
@@ -124,6 +127,24 @@ class Step:
             observations.step_tokens(series, 0, self.processed)
 
 
+class DecodeRun:
+    """The decode steps a request runs through generate's compiled call once its shapes are settled (from
+    its third forward on, with a preallocated cache measured once): every step carries the same sequences
+    and reads the same bytes, so a step is only the two marks around the call, kept flat in ``marks`` and
+    resolved together by :meth:`Request.drain`, after the request's queued steps (every one of them was
+    recorded before the run began). Its tokens count at each step's end mark: no mark after sampling
+    (docs/timing.md, "The compiled decode step")."""
+
+    __slots__ = ("batch", "device", "mark", "marks", "work")
+
+    def __init__(self, clock: Clock, device: str, batch: int, work: float) -> None:
+        self.mark = clock.marker()  # on the stream of the step that began the run
+        self.device = device
+        self.batch = batch  # sequences per step
+        self.work = work  # bytes a step reads: the weights and the whole cache
+        self.marks: list[Any] = []  # start, end, start, end, ...
+
+
 class Request:
     """One generate call or tracked request, from entry to its last observation."""
 
@@ -146,13 +167,15 @@ class Request:
         # recorded after inferwatch's own set-up.
         self.arrival = arrival
         self.entry = (self.anchor.host if entry is None else entry) if arrival is None else arrival
-        #: Token times come from marks recorded after sampling (hooks.SampledTokenMarks), not forward ends.
+        #: Token times come from marks recorded after sampling (hooks.TokenMarkingCriteria), not forward ends.
         self.marks_sampling = False
         #: (sequences, tokens) of the first forward: the prompt of a request that ends without output.
         self.prompt_shape: tuple[int, int] | None = None
+        #: The decode steps generate runs through its compiled call, once their shapes are settled.
+        self.decode_run: DecodeRun | None = None
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
-        self.forwards = 0  # forwards recorded so far (the first is the prefill)
+        self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)
         self._pending: collections.deque[Step] = collections.deque()
         self._first_forward_start: float | None = None
         self._anchor_lag = 0.0
@@ -216,8 +239,8 @@ class Request:
 
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
-        pending, clock = self._pending, self.clock
-        if pending and not self._anchored:
+        pending, clock, run = self._pending, self.clock, self.decode_run
+        if (pending or (run is not None and run.marks)) and not self._anchored:
             # The anchor was recorded on an idle stream and completes at once, but elapsed_time needs it
             # complete: never assume.
             if self.anchor.event is not None and not clock.ready(self.anchor.event):
@@ -233,7 +256,8 @@ class Request:
                     return False
                 pending.popleft()
                 self._resolve(step, observations)
-            return True
+            # The run's steps all came after the steps of the queue (see DecodeRun).
+            return run is None or not run.marks or self._resolve_run(run, observations)
         finally:
             observations.flush()
 
@@ -285,22 +309,57 @@ class Request:
             # Only a step that brought tokens is placed on the host clock (a forward followed by the
             # sampled-token mark is not: one elapsed_time less per decode step).
             end = clock.host_time(self.anchor, step.end) + self._anchor_lag
-            # The request's own state first: an observation that fails costs only itself.
-            previous, self._last_token = self._last_token, end
-            self._token_steps += step.tokens
-            series = self.series
-            if previous is None:
-                self._first_token = end
-                observations.observe(series.ttft, end - self.entry)
-                start = self._first_forward_start
-                observations.observe(series.prefill, end - (self.entry if start is None else start))
-            else:
-                gap = end - previous
-                self._max_gap = max(self._max_gap, gap)
-                per_token = gap / step.tokens
-                for _ in range(step.tokens):
-                    observations.observe(series.itl, per_token)
+            self._place_token(end, step.tokens, observations)
         clock.release(step.end)
+
+    def _place_token(self, end: float, tokens: int, observations: Observations) -> None:
+        """``tokens`` per sequence became available at ``end`` (host clock)."""
+        # The request's own state first: an observation that fails costs only itself.
+        previous, self._last_token = self._last_token, end
+        self._token_steps += tokens
+        series = self.series
+        if previous is None:
+            self._first_token = end
+            observations.observe(series.ttft, end - self.entry)
+            start = self._first_forward_start
+            observations.observe(series.prefill, end - (self.entry if start is None else start))
+        else:
+            gap = end - previous
+            self._max_gap = max(self._max_gap, gap)
+            per_token = gap / tokens
+            for _ in range(tokens):
+                observations.observe(series.itl, per_token)
+
+    def _resolve_run(self, run: DecodeRun, observations: Observations) -> bool:
+        """Observe the run's leading steps whose end mark is complete; True when none is left pending."""
+        marks, clock = run.marks, self.clock
+        count = len(marks)
+        if not clock.ready(marks[-1]):  # marks on one stream complete in order: usually all or none
+            count = 0
+            while count < len(marks) and clock.ready(marks[count + 1]):
+                count += 2
+            if count == 0:
+                return False
+        done = marks[:count]
+        del marks[:count]
+        durations, ends = clock.spans(self.anchor, done)
+        clock.release_all(done)
+        series, steps, lag = self.series, len(durations), self._anchor_lag
+        series.heartbeat()
+        observations.forwards(series, run.device, "decode", durations, run.work * steps)
+        observations.observe_all(series.batch_size, [run.batch] * steps)
+        observations.observe_all(series.step_tokens["decode"], [run.batch] * steps)
+        times = [end + lag for end in ends]
+        if self._last_token is None:  # a run whose request placed no token before it
+            self._place_token(times.pop(0), 1, observations)
+        if times:
+            earlier = [self._last_token, *times[:-1]]
+            gaps = [later - before for before, later in zip(earlier, times, strict=True)]
+            self._max_gap = max(self._max_gap, *gaps)
+            self._token_steps += len(times)
+            self._last_token = times[-1]
+            observations.observe_all(series.itl, gaps)
+        return not marks
 
     # -- the end of a request --------------------------------------------------------------------------
 
@@ -328,6 +387,7 @@ class Request:
             # A failed request: keep what already resolved, drop marks that may never be reached.
             self.drain()
             self._pending.clear()
+            self.decode_run = None
             return True
         if not self.drain() or (self._counts is not None and not self._counts.ready()):
             return False

@@ -229,12 +229,25 @@ class Observations:
             values = self._values[histogram] = []
         values.append(value)
 
+    def observe_all(self, histogram: Any, values: list[float]) -> None:
+        gathered = self._values.get(histogram)
+        if gathered is None:
+            self._values[histogram] = values
+        else:
+            gathered.extend(values)
+
     def forward(self, series: ModelSeries, device: str, phase: str, seconds: float, work: float) -> None:
         """A resolved forward (see :meth:`ModelSeries.add_forwards`)."""
+        self.forwards(series, device, phase, [seconds], work)
+
+    def forwards(
+        self, series: ModelSeries, device: str, phase: str, durations: list[float], work: float
+    ) -> None:
+        """Resolved forwards of one phase; ``work`` is their total."""
         entry = self._forwards.get((series, device, phase))
         if entry is None:
             entry = self._forwards[(series, device, phase)] = ([], [])
-        entry[0].append(seconds)
+        entry[0].extend(durations)
         entry[1].append(work)
 
     def step_tokens(self, series: ModelSeries, prefill: int, decode: int) -> None:

@@ -8,11 +8,12 @@ fold to nothing; dynamo's counters show no graph break and nothing recompiled wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation import instrument, request
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
@@ -25,14 +26,14 @@ NEW_TOKENS = 6
 dynamo = pytest.importorskip("torch._dynamo")
 
 
-def compiled_generation_config() -> GenerationConfig:
+def compiled_generation_config(new_tokens: int = NEW_TOKENS) -> GenerationConfig:
     compile_config = CompileConfig(backend="eager", fullgraph=True, dynamic=False)
     compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
     return GenerationConfig(
         cache_implementation="static",
         compile_config=compile_config,
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
         do_sample=False,
         pad_token_id=0,
     )
@@ -46,11 +47,30 @@ def compiled_llama() -> Iterator[torch.nn.Module]:
     dynamo.reset()
 
 
-def generate(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int = NEW_TOKENS) -> torch.Tensor:
     with torch.inference_mode():
         return model.generate(
-            ids, attention_mask=torch.ones_like(ids), generation_config=compiled_generation_config()
+            ids, attention_mask=torch.ones_like(ids), generation_config=compiled_generation_config(new_tokens)
         )
+
+
+class HookCounter:
+    """Stands in for the model's compiled call (transformers returns ``model._compiled_call`` while its
+    compile config is unchanged): counts the forward hooks the model has while each call runs, and runs
+    ``during`` at the given call."""
+
+    def __init__(self, model: torch.nn.Module, during: tuple[int, Callable[[], None]] | None = None) -> None:
+        self.compiled = model._compiled_call
+        self.model = model
+        self.during = during
+        self.hooks: list[tuple[int, int]] = []
+        model._compiled_call = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.hooks.append((len(self.model._forward_pre_hooks), len(self.model._forward_hooks)))
+        if self.during is not None and self.during[0] == len(self.hooks):
+            self.during[1]()
+        return self.compiled(*args, **kwargs)
 
 
 def frames_compiled() -> int:
@@ -98,3 +118,75 @@ def test_a_model_instrumented_before_its_first_compile_traces_no_hook(compiled_l
     assert frames_compiled() == graphs
     assert graph_breaks() == 0
     assert metric(registry, "llm_forward_seconds_count", model="m", phase="decode") == NEW_TOKENS - 1
+
+
+def test_a_long_compiled_generate_is_resolved_in_runs_while_it_decodes(compiled_llama, monkeypatch) -> None:
+    model, ids = compiled_llama, torch.randint(1, 200, (2, 5), generator=torch.Generator().manual_seed(2))
+    new_tokens = request.RUN_DRAIN_MARKS + 20  # two drains of a run while generating, one at its exit
+    bare = generate(model, ids, new_tokens)
+    resolved: list[int] = []
+    resolve_run = request.Request._resolve_run
+
+    def counting(self: request.Request, run: request.DecodeRun, observations: Any) -> bool:
+        resolved.append(len(run.marks))
+        return resolve_run(self, run, observations)
+
+    monkeypatch.setattr(request.Request, "_resolve_run", counting)
+    registry = CollectorRegistry()
+    handle = instrument(model, model_name="m", registry=registry)
+    watched = generate(model, ids, new_tokens)
+    assert handle.flush()
+    assert torch.equal(watched, bare)
+    decode_steps = new_tokens - 1
+    # Prefill and the first decode step go through the hooks; the run takes the rest, in drains of
+    # RUN_DRAIN_MARKS marks (two per step) and what is left at the exit.
+    batch, run_marks = request.RUN_DRAIN_MARKS, 2 * (decode_steps - 1)
+    assert resolved == [batch, batch, run_marks - 2 * batch]
+    assert metric(registry, "llm_forward_seconds_count", model="m", phase="decode") == decode_steps
+    assert metric(registry, "llm_step_tokens_count", model="m", kind="decode") == decode_steps
+    assert metric(registry, "llm_step_tokens_sum", model="m", kind="decode") == 2 * decode_steps
+    assert metric(registry, "llm_batch_size_count", model="m") == new_tokens
+    assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == decode_steps
+    assert metric(registry, "llm_generation_tokens_total", model="m") == 2 * new_tokens
+    # The gaps between tokens add up to the decode phase: no token lost or placed twice.
+    gaps = metric(registry, "llm_inter_token_latency_seconds_sum", model="m")
+    decode = metric(registry, "llm_request_decode_seconds_sum", model="m")
+    assert gaps == pytest.approx(decode, rel=1e-9)
+    assert metric(registry, "llm_instrumentation_errors_total") in (None, 0)
+
+
+def test_the_forward_hooks_are_out_of_the_compiled_call_and_back_after_it(compiled_llama) -> None:
+    model, ids = compiled_llama, torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(3))
+    generate(model, ids)  # compiles: model._compiled_call exists from here on
+    handle = instrument(model, model_name="m", registry=CollectorRegistry())
+    counter = HookCounter(model)
+    generate(model, ids)
+    assert counter.hooks == [(0, 0)] * (NEW_TOKENS - 1)
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (1, 1)
+    handle.remove()
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (0, 0)
+
+
+def test_hooks_of_the_users_keep_ours_in_and_nothing_is_timed_twice(compiled_llama) -> None:
+    model, ids = compiled_llama, torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(4))
+    model.register_forward_hook(lambda module, args, output: None)  # a user's hook, traced to nothing
+    generate(model, ids)
+    registry = CollectorRegistry()
+    handle = instrument(model, model_name="m", registry=registry)
+    counter = HookCounter(model)
+    generate(model, ids)
+    handle.flush()
+    assert counter.hooks == [(1, 2)] * (NEW_TOKENS - 1)
+    assert metric(registry, "llm_forward_seconds_count", model="m", phase="decode") == NEW_TOKENS - 1
+    assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == NEW_TOKENS - 1
+
+
+def test_removing_the_instrumentation_during_a_compiled_call_leaves_no_hook(compiled_llama) -> None:
+    model, ids = compiled_llama, torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(5))
+    bare = generate(model, ids)
+    handle = instrument(model, model_name="m", registry=CollectorRegistry())
+    counter = HookCounter(model, during=(3, handle.remove))
+    watched = generate(model, ids)
+    assert torch.equal(watched, bare)
+    assert len(counter.hooks) == NEW_TOKENS - 1
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (0, 0)

@@ -3,6 +3,7 @@ and requests timed from their arrival at the server (queue time, waiting request
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 import time
@@ -158,3 +159,22 @@ def test_token_marks_leave_the_callers_stopping_criteria_and_outputs_alone(model
     assert torch.equal(bare, marked)
     assert len(criteria) == 0
     assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == 4
+
+
+def test_token_marks_ride_on_generates_own_criteria_which_copy_as_a_plain_list(model, registry, instrumented):
+    instrumented(model, model_name="m")
+    ours, built = model._get_stopping_criteria, []
+
+    def keeping(*args: object, **kwargs: object) -> StoppingCriteriaList:
+        built.append(ours(*args, **kwargs))
+        return built[-1]
+
+    model._get_stopping_criteria = keeping
+    _generate(model, new_tokens=4)
+    model._get_stopping_criteria = ours
+    (criteria,) = built
+    assert type(criteria).__name__ == "TokenMarkingCriteria" and isinstance(criteria, StoppingCriteriaList)
+    copied = copy.deepcopy(criteria)  # a copy must not drag the request (and its locks) along
+    assert type(copied) is StoppingCriteriaList
+    assert [type(c) for c in copied] == [type(c) for c in criteria]
+    assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == 3
