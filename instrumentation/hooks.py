@@ -184,6 +184,8 @@ class ModelInstrumentation:
         self._lock = threading.Lock()
         self._hook_handles: list[torch.utils.hooks.RemovableHandle] = []
         self._hook_ids: tuple[int, int] = (-1, -1)  # (pre-hook, post-hook) ids in the model's hook dicts
+        self._hooks_out = 0  # generates running with the forward hooks taken out (_hide_hooks)
+        self._hooks_held: tuple[Any, Any] | None = None  # the hooks while they are out
         # Weak: the wrappers (generate, init_continuous_batching) live on the model and hold the original
         # methods (bound to the model); a strong reference from here would keep every instrumented model
         # alive.
@@ -441,9 +443,13 @@ class ModelInstrumentation:
                 output = original(*args, **kwargs)
             except BaseException as exc:
                 CURRENT_REQUEST.reset(token)
+                if request.hooks_hidden:
+                    self._show_hooks(self.model_ref())
                 self._fail(request, exc)
                 raise
             CURRENT_REQUEST.reset(token)
+            if request.hooks_hidden:
+                self._show_hooks(self.model_ref())
             self._succeed(request, args, kwargs, output)
             return output
 
@@ -470,26 +476,29 @@ class ModelInstrumentation:
             request = CURRENT_REQUEST.get()
             run = None if request is None else request.decode_run
             if run is None or not self.active:
+                if request is not None and request.owner is self and not request.hooks_hidden:
+                    request.hooks_hidden = self._hide_hooks(model)
                 run = self._start_run(request, args, kwargs)
             if run is None:
                 self._forward_pre(None, args, kwargs)
                 token = TIMED_AROUND.set(True)
                 try:
-                    output = self._call_unhooked(model, compiled, args, kwargs)
+                    output = compiled(*args, **kwargs)
                 finally:
                     TIMED_AROUND.reset(token)
                 self._forward_post(None, args, kwargs, output)
                 return output
             # The hot path of a settled decode step: a mark before, a mark after, nothing else. The forward
-            # hooks stand aside for a request with a run (should they be left in, see _call_unhooked).
+            # hooks stand aside for a request with a run (should they be in, see _hide_hooks).
+            mark = run.mark
             try:
-                start = run.mark()
+                start = mark()
             except Exception as exc:
                 self.errors.report("forward_pre", exc)
-                return self._call_unhooked(model, compiled, args, kwargs)
-            output = self._call_unhooked(model, compiled, args, kwargs)
+                return compiled(*args, **kwargs)
+            output = compiled(*args, **kwargs)
             try:
-                end = run.mark()
+                end = mark()
                 marks = run.marks
                 marks.append(start)
                 marks.append(end)
@@ -501,30 +510,47 @@ class ModelInstrumentation:
 
         return compiled_forward
 
-    def _call_unhooked(self, model: torch.nn.Module, compiled: Any, args: tuple, kwargs: dict) -> Any:
-        """``compiled(*args, **kwargs)`` with this model's forward hooks taken out for the call, where they
-        are its only ones.
+    def _hide_hooks(self, model: torch.nn.Module) -> bool:
+        """Take this model's forward hooks out of its hook dicts, where they are its only ones, until
+        :meth:`_show_hooks` (at the exit of the generate that calls the compiled step); True if they are
+        out (or already were, for another generate).
 
         A module with forward hooks runs them through ``Module._call_impl``'s slow path, which the compiled
-        call then captures and replays every step: 25 µs per step on the CPU even with hooks that trace to
-        nothing (probe in docs/benchmarks.md), about what all of inferwatch's own work costs. Without them
-        the call is exactly the one a bare model compiles, so instrument() and remove() never make dynamo
-        compile again. Another thread's forward of the same model during the call is not timed; with
-        hooks of the user's on the model, ours stay and stand aside (TIMED_AROUND, DecodeRun)."""
-        pre_hooks, post_hooks = model._forward_pre_hooks, model._forward_hooks
-        pre_id, post_id = self._hook_ids
-        if len(pre_hooks) != 1 or len(post_hooks) != 1:
-            return compiled(*args, **kwargs)
-        pre_hook, post_hook = pre_hooks.pop(pre_id, None), post_hooks.pop(post_id, None)
+        call captures and replays every step: 25 µs per step on the CPU, even with hooks that trace to
+        nothing (docs/benchmarks.md). Without them the call is exactly the one a bare model compiles, so
+        instrument() and remove() never make dynamo compile again. Meanwhile another thread's forward of
+        the same model is not timed; with hooks of the user's on the model, ours stay in and stand aside
+        (TIMED_AROUND, DecodeRun)."""
         try:
-            return compiled(*args, **kwargs)
-        finally:
-            with self._lock:  # remove() takes the same lock: a hook it removed is never put back
-                if self.active:
-                    if pre_hook is not None:
-                        pre_hooks[pre_id] = pre_hook
-                    if post_hook is not None:
-                        post_hooks[post_id] = post_hook
+            with self._lock:  # remove() takes it too: a hook it removed is never put back
+                if not self.active:
+                    return False
+                if self._hooks_out == 0:
+                    pre_hooks, post_hooks = model._forward_pre_hooks, model._forward_hooks
+                    pre_id, post_id = self._hook_ids
+                    if len(pre_hooks) != 1 or len(post_hooks) != 1 or pre_id not in pre_hooks:
+                        return False
+                    self._hooks_held = (pre_hooks.pop(pre_id), post_hooks.pop(post_id))
+                self._hooks_out += 1
+                return True
+        except Exception as exc:
+            self.errors.report("forward_pre", exc)
+            return False
+
+    def _show_hooks(self, model: torch.nn.Module | None) -> None:
+        """Put the forward hooks back once the last generate that took them out has ended."""
+        try:
+            with self._lock:
+                self._hooks_out -= 1
+                if self._hooks_out or self._hooks_held is None:
+                    return
+                (pre_hook, post_hook), self._hooks_held = self._hooks_held, None
+                if self.active and model is not None:
+                    pre_id, post_id = self._hook_ids
+                    model._forward_pre_hooks[pre_id] = pre_hook
+                    model._forward_hooks[post_id] = post_hook
+        except Exception as exc:
+            self.errors.report("generate_exit", exc)
 
     def _start_run(self, request: Request | None, args: tuple, kwargs: dict) -> DecodeRun | None:
         """The request's :class:`DecodeRun`, begun now if its decode steps are settled: its third forward

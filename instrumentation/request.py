@@ -173,6 +173,8 @@ class Request:
         self.prompt_shape: tuple[int, int] | None = None
         #: The decode steps generate runs through its compiled call, once their shapes are settled.
         self.decode_run: DecodeRun | None = None
+        #: The model's forward hooks are out while this generate runs its compiled call (hooks._hide_hooks).
+        self.hooks_hidden = False
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)
