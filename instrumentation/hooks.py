@@ -338,9 +338,9 @@ class ModelInstrumentation:
     # -- forward hooks ---------------------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module | None, args: tuple, kwargs: dict) -> None:
-        # Traced by torch.compile around the module's __call__ (generate's compiled decode step): the
-        # check folds to a constant, so the hook adds nothing to the graph and breaks nothing; the call is
-        # timed from around it instead (_wrap_compiled_call).
+        # Traced by torch.compile around the module's __call__ where it is compiled with the hooks in (the
+        # user's own torch.compile, or generate's with hooks of the user's on the model: _hide_hooks): the
+        # check folds to a constant, so the hook adds nothing to the graph and breaks nothing.
         if torch.compiler.is_compiling() or not self.active or TIMED_AROUND.get():
             return
         request = CURRENT_REQUEST.get()

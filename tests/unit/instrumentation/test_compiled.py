@@ -59,8 +59,15 @@ class HookCounter:
     compile config is unchanged): counts the forward hooks the model has while each call runs, and runs
     ``during`` at the given call."""
 
-    def __init__(self, model: torch.nn.Module, during: tuple[int, Callable[[], None]] | None = None) -> None:
-        self.compiled = model._compiled_call
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        during: tuple[int, Callable[[], None]] | None = None,
+        *,
+        eager: bool = False,
+    ) -> None:
+        # eager: run the module's own __call__ instead, as dynamo does when it gives up on a frame
+        self.compiled = model.__call__ if eager else model._compiled_call
         self.model = model
         self.during = during
         self.hooks: list[tuple[int, int]] = []
@@ -190,3 +197,18 @@ def test_removing_the_instrumentation_during_a_compiled_call_leaves_no_hook(comp
     assert torch.equal(watched, bare)
     assert len(counter.hooks) == NEW_TOKENS - 1
     assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (0, 0)
+
+
+@pytest.mark.parametrize("users_hook", [False, True])
+def test_a_compiled_call_that_dynamo_runs_eagerly_is_timed_once(compiled_llama, users_hook) -> None:
+    model, ids = compiled_llama, torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(6))
+    if users_hook:  # our hooks stay in the model, so they see the eager forwards inside the call
+        model.register_forward_hook(lambda module, args, output: None)
+    generate(model, ids)
+    registry = CollectorRegistry()
+    handle = instrument(model, model_name="m", registry=registry)
+    HookCounter(model, eager=True)
+    generate(model, ids)
+    assert handle.flush()
+    assert metric(registry, "llm_forward_seconds_count", model="m", phase="decode") == NEW_TOKENS - 1
+    assert metric(registry, "llm_inter_token_latency_seconds_count", model="m") == NEW_TOKENS - 1
