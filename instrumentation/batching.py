@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.clock import Anchor
 from inferwatch.instrumentation.errors import ErrorReporter
-from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, TIMED_AROUND, failure_status
+from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, call_timed_around, failure_status
 from inferwatch.instrumentation.series import Observations
 from inferwatch.instrumentation.worker import SAMPLER
 
@@ -282,11 +282,7 @@ class BatchTimeline:
             except Exception as exc:
                 self.errors.report("batching", exc)
                 step = None
-        token = TIMED_AROUND.set(True)
-        try:
-            result = compute(*args, **kwargs)
-        finally:
-            TIMED_AROUND.reset(token)
+        result = call_timed_around(compute, args, kwargs)
         if step is not None:
             try:
                 step.end_host = time.perf_counter()

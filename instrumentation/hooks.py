@@ -60,6 +60,7 @@ from inferwatch.instrumentation.request import (
     LooseForward,
     Request,
     Step,
+    call_timed_around,
     failure_status,
 )
 from inferwatch.instrumentation.series import drop_gauge, forget_series, series_for
@@ -481,11 +482,7 @@ class ModelInstrumentation:
                 run = self._start_run(request, args, kwargs)
             if run is None:
                 self._forward_pre(None, args, kwargs)
-                token = TIMED_AROUND.set(True)
-                try:
-                    output = compiled(*args, **kwargs)
-                finally:
-                    TIMED_AROUND.reset(token)
+                output = call_timed_around(compiled, args, kwargs)
                 self._forward_post(None, args, kwargs, output)
                 return output
             # The hot path of a settled decode step: a mark before, a mark after, nothing else. The forward

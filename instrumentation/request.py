@@ -48,6 +48,15 @@ CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar
 TIMED_AROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("inferwatch_timed_around", default=False)
 
 
+def call_timed_around(call: Any, args: tuple, kwargs: dict) -> Any:
+    """``call(*args, **kwargs)`` with TIMED_AROUND set for its duration."""
+    token = TIMED_AROUND.set(True)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        TIMED_AROUND.reset(token)
+
+
 def is_oom(exc: BaseException) -> bool:
     """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):
