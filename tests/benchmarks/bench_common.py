@@ -84,6 +84,18 @@ def greedy_generate(
         )
 
 
+def static_cache(device: str) -> dict[str, Any]:
+    """generate's arguments for its compiled decode path: a static cache, and on the CPU dynamo's eager
+    backend (no C compiler), which transformers uses only when told to compile on every device."""
+    if device == "cuda":
+        return {"cache_implementation": "static"}
+    from transformers.generation.configuration_utils import CompileConfig
+
+    compile_config = CompileConfig(backend="eager", fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
 def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, **kwargs: Any) -> float:
     """Wall time of :func:`greedy_generate` (``kwargs`` go to it), the device drained before and after
     (outside the request)."""

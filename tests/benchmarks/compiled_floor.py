@@ -32,8 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, paired_ratios, print_table, timed_generate, write_json
-from hook_cost import static_cache
+from bench_common import environment, paired_ratios, print_table, static_cache, timed_generate, write_json
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.models import build_model

@@ -27,12 +27,18 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, median, paired_ratios, print_table, timed_generate, write_json
+from bench_common import (
+    environment,
+    median,
+    paired_ratios,
+    print_table,
+    static_cache,
+    timed_generate,
+    write_json,
+)
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
-
-STATIC = {"cache_implementation": "static"}
 
 
 def dynamo_counters() -> dict[str, int]:
@@ -49,7 +55,7 @@ def one_run(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, instrume
     """Tokens/s of one static-cache generate, bare or instrumented for the length of the call."""
     handle = instrument(model, model_name="bench", registry=CollectorRegistry()) if instrumented else None
     try:
-        seconds = timed_generate(model, ids, new_tokens, **STATIC)
+        seconds = timed_generate(model, ids, new_tokens, **static_cache("cuda"))
     finally:
         if handle is not None:
             handle.flush(30)

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import timed_generate
+from bench_common import static_cache, timed_generate
 from inferwatch.instrumentation import batching, hooks, instrument, request
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -47,6 +46,7 @@ HOT_PATH = [
     (hooks._token_marking_criteria(), "__call__"),
 ]
 RESOLVING = [(request.Request, "drain"), (request.Request, "_resolve"), (request.Request, "_resolve_run")]
+RESOLVING_NAMES = {f"{owner.__name__}.{name}" for owner, name in RESOLVING}
 TIMED = [
     *HOT_PATH,
     *RESOLVING,
@@ -83,7 +83,7 @@ def timed(name: str, function: Callable[..., Any], *, foreign: bool = False) -> 
                 COSTS[name].append(own)
                 outermost = next(entry[0] for entry in [*_STACK, frame] if entry[0] not in FOREIGN_NAMES)
                 BY_CALLER[outermost] += own
-                if any(name == f"{owner.__name__}.{method}" for owner, method in RESOLVING):
+                if name in RESOLVING_NAMES:
                     RESOLVED_BY_CALLER[outermost] += own
 
     return wrapper
@@ -103,15 +103,6 @@ def time_compiled_calls() -> Callable[[], None]:
 
     hooks.ModelInstrumentation._timed_around = timed_around
     return lambda: setattr(hooks.ModelInstrumentation, "_timed_around", original)
-
-
-def static_cache(device: str) -> dict[str, Any]:
-    """generate's arguments for its compiled decode path."""
-    if device == "cuda":
-        return {"cache_implementation": "static"}
-    compile_config = CompileConfig(backend="eager", fullgraph=True, dynamic=False)
-    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
-    return {"cache_implementation": "static", "compile_config": compile_config}
 
 
 def install_timers(timed_functions: list[tuple[Any, str]]) -> Callable[[], None]:
