@@ -1,5 +1,7 @@
 """What the host pays per call, warm, for the pieces a decode step of inferwatch is made of: a clock mark,
-a histogram observation, a small CUDA op, and the forward hooks themselves, on a GPU machine.
+a histogram observation, a small CUDA op, the forward hooks, and a compiled decode step's wrapper and its
+share of resolving, on a GPU machine. A loop of plain Python says how fast this host runs Python (the
+development machine's figure is in docs/benchmarks.md).
 
 Each figure is the best of 5 repetitions of a tight loop (caches warm, no model running in between): the
 floor under what ``hook_cost.py`` measures in place, where the model's own work between two steps evicts
@@ -20,7 +22,15 @@ import torch
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.models import build_model
-from inferwatch.instrumentation.request import CURRENT_REQUEST, TIMED_AROUND, Request, Step
+from inferwatch.instrumentation.request import (
+    CURRENT_REQUEST,
+    RUN_DRAIN_MARKS,
+    TIMED_AROUND,
+    DecodeRun,
+    Request,
+    Step,
+)
+from inferwatch.instrumentation.series import Observations
 from prometheus_client import CollectorRegistry, Histogram
 
 
@@ -28,6 +38,64 @@ def report(name: str, call: Callable[[], Any], number: int = 20000) -> None:
     call()
     best = min(timeit.repeat(call, number=number, repeat=5)) / number
     print(f"| {name} | {best * 1e6:.2f} |")
+
+
+def python_loop() -> int:
+    total = 0
+    for i in range(1000):
+        total += i
+    return total
+
+
+def compiled_step_costs(hooks: Any, clock: Any, ids: torch.Tensor) -> None:
+    """A compiled decode step's share: the wrapper generate calls instead of the compiled call (around a
+    call that does nothing, with the keyword arguments of a decode step), and resolving a run."""
+    request = Request(hooks.series, clock, owner=hooks)
+    CURRENT_REQUEST.set(request)
+    run = request.decode_run = DecodeRun(clock, "cuda:0", 1, 0.0)
+    request._place_token(time.perf_counter(), 1, Observations())
+    step_kwargs = {
+        "input_ids": ids,
+        "position_ids": ids,
+        "cache_position": ids[0],
+        "past_key_values": None,
+        "attention_mask": None,
+        "use_cache": True,
+        "return_dict": True,
+    }
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    def through(*args: Any, **kwargs: Any) -> None:
+        return nothing(*args, **kwargs)
+
+    forward = hooks._timed_around(nothing)
+
+    def step() -> None:
+        forward(**step_kwargs)
+        if len(run.marks) == RUN_DRAIN_MARKS - 2:  # the wrapper would resolve at the next step
+            clock.release_all(run.marks)
+            run.marks.clear()
+
+    report("a closure calling through, a decode step's keywords", lambda: through(**step_kwargs))
+    report("the compiled step's wrapper with a DecodeRun, no resolving", step)
+    clock.release_all(run.marks)
+    run.marks.clear()
+    for _ in range(RUN_DRAIN_MARKS // 2 - 1):
+        forward(**step_kwargs)
+    torch.cuda.synchronize()
+    recorded = list(run.marks)
+
+    def resolve_run() -> None:
+        run.marks[:] = recorded
+        request.drain()
+        clock._pool.clear()  # release_all gave them back: the next repetition reuses ``recorded``
+
+    steps = len(recorded) // 2
+    best = min(timeit.repeat(resolve_run, number=200, repeat=5)) / 200
+    print(f"| Request.drain of a run of {steps} steps, per step | {best / steps * 1e6:.2f} |")
+    CURRENT_REQUEST.set(None)
 
 
 def main() -> int:
@@ -45,6 +113,7 @@ def main() -> int:
     torch.cuda.synchronize()
 
     print("| call | µs |\n|---|---|")
+    report("a Python loop of 1000 additions", python_loop, number=2000)
     report("time.perf_counter()", time.perf_counter)
     report("torch.cuda.Event.record(stream)", lambda: event.record(stream))
     record = torch._C._CudaEventBase.record
@@ -90,6 +159,7 @@ def main() -> int:
 
         report("_forward_pre + _forward_post, inside a request", forward_hooks, number=2000)
         report("Request.mark_tokens", lambda: request.mark_tokens("cuda:0", 1), number=2000)
+        compiled_step_costs(hooks, clock, ids)
         report("small-llama forward of one token, instrumented", lambda: model(ids), number=200)
         handle.remove()
         report("small-llama forward of one token, bare", lambda: model(ids), number=200)
