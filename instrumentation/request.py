@@ -358,8 +358,8 @@ class Request:
         series, steps, lag = self.series, len(durations), self._anchor_lag
         series.heartbeat()
         observations.forwards(series, run.device, "decode", durations, run.work * steps)
-        observations.observe_all(series.batch_size, [run.batch] * steps)
-        observations.observe_all(series.step_tokens["decode"], [run.batch] * steps)
+        observations.observe_repeated(series.batch_size, run.batch, steps)
+        observations.observe_repeated(series.step_tokens["decode"], run.batch, steps)
         times = [end + lag for end in ends]
         if self._last_token is None:  # a run whose request placed no token before it
             self._place_token(times.pop(0), 1, observations)

@@ -185,31 +185,71 @@ class ModelSeries:
             return self._totals.windows.pop(device, None) or Window()
 
 
-def observe_many(histogram: Any, values: list[float]) -> None:
-    """``histogram.observe(value)`` for every value, as one update per bucket touched.
-
-    prometheus_client's ``observe`` takes a lock for the sum and another for the value's bucket, found by
-    a scan in Python: per value that is the largest part of resolving a step (docs/benchmarks.md, "Overhead
-    on the fastest decode paths"). Here the buckets are counted first (``bisect``, bounds ascending and
-    ending in +Inf: the bucket of ``v`` is the first bound >= ``v``, as ``observe`` has it). A histogram
-    without prometheus_client's layout, or whose ``observe`` was replaced on the instance (a wrapper that
-    records the values, say), is observed value by value."""
+def _bucket_layout(histogram: Any) -> tuple[list[float], list[Any], Any] | None:
+    """A histogram child's bounds (ascending, ending in +Inf), bucket counters and sum counter, where it
+    has prometheus_client's layout and its own ``observe`` (not one replaced on the instance: a wrapper
+    that records the values, say); None where values must go through ``observe`` one by one."""
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
     replaced = "observe" in getattr(histogram, "__dict__", ())
     if replaced or bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        return None
+    return bounds, buckets, total
+
+
+def observe_many(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(value)`` for every value, as one update per bucket touched.
+
+    prometheus_client's ``observe`` takes a lock for the sum and another for the value's bucket, found by
+    a scan in Python: per value that is the largest part of resolving a step (docs/benchmarks.md, "Overhead
+    on the fastest decode paths"). Here the buckets are counted first: the bucket of ``v`` is the first
+    bound >= ``v``, as ``observe`` has it, so a bucket holds the values above the bound before it, up to its
+    own. The values of a batch (a run's steps) mostly fall in one or two buckets: sorted, they are counted
+    by one ``bisect`` per bucket they span, not one Python step per value."""
+    layout = _bucket_layout(histogram)
+    if layout is None:
         for value in values:
             histogram.observe(value)
         return
-    counts: dict[int, int] = {}
-    for value in values:
-        if value == value:  # NaN lands in no bucket (only in the sum), as with observe
-            index = bisect.bisect_left(bounds, value)
-            counts[index] = counts.get(index, 0) + 1
-    for index, count in counts.items():
-        buckets[index].inc(count)
-    total.inc(sum(values))
+    if not values:
+        return
+    bounds, buckets, total = layout
+    value_sum = sum(values)
+    if value_sum == value_sum:
+        ordered = sorted(values)
+        index, last = bisect.bisect_left(bounds, ordered[0]), bisect.bisect_left(bounds, ordered[-1])
+        below = 0  # values under the current bucket
+        while index < last:
+            upto = bisect.bisect_right(ordered, bounds[index])
+            if upto > below:
+                buckets[index].inc(upto - below)
+                below = upto
+            index += 1
+        buckets[last].inc(len(ordered) - below)
+    else:  # a NaN (it lands in no bucket, only in the sum, as with observe) does not sort
+        counts: dict[int, int] = {}
+        for value in values:
+            if value == value:
+                index = bisect.bisect_left(bounds, value)
+                counts[index] = counts.get(index, 0) + 1
+        for index, count in counts.items():
+            buckets[index].inc(count)
+    total.inc(value_sum)
+
+
+def observe_repeated(histogram: Any, value: float, count: int) -> None:
+    """``histogram.observe(value)`` ``count`` times, as one update of its bucket and one of its sum: the
+    batch size and tokens of every step of a compiled decode run are the same."""
+    layout = _bucket_layout(histogram)
+    if layout is None:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    bounds, buckets, total = layout
+    if value == value:
+        buckets[bisect.bisect_left(bounds, value)].inc(count)
+    total.inc(value * count)
 
 
 class Observations:
@@ -217,10 +257,11 @@ class Observations:
     of each histogram child go through :func:`observe_many`, forwards through one locked update per
     (model, device, phase)."""
 
-    __slots__ = ("_forwards", "_values")
+    __slots__ = ("_forwards", "_repeated", "_values")
 
     def __init__(self) -> None:
         self._values: dict[Any, list[float]] = {}
+        self._repeated: dict[tuple[Any, float], int] = {}
         self._forwards: dict[tuple[ModelSeries, str, str], tuple[list[float], list[float]]] = {}
 
     def observe(self, histogram: Any, value: float) -> None:
@@ -235,6 +276,11 @@ class Observations:
             self._values[histogram] = values
         else:
             gathered.extend(values)
+
+    def observe_repeated(self, histogram: Any, value: float, count: int) -> None:
+        """``value`` observed ``count`` times (see :func:`observe_repeated`)."""
+        key = (histogram, value)
+        self._repeated[key] = self._repeated.get(key, 0) + count
 
     def forward(self, series: ModelSeries, device: str, phase: str, seconds: float, work: float) -> None:
         """A resolved forward (see :meth:`ModelSeries.add_forwards`)."""
@@ -260,11 +306,14 @@ class Observations:
     def flush(self) -> None:
         """Make every gathered observation; the batch starts empty again even if one fails."""
         values, self._values = self._values, {}
+        repeated, self._repeated = self._repeated, {}
         forwards, self._forwards = self._forwards, {}
         for (series, device, phase), (durations, work) in forwards.items():
             series.add_forwards(device, phase, durations, sum(work))
         for histogram, batch in values.items():
             observe_many(histogram, batch)
+        for (histogram, value), count in repeated.items():
+            observe_repeated(histogram, value, count)
 
 
 #: Gauges that describe a model while it exists, by the labels after ``model``: removed with the model.

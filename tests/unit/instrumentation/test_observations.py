@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from inferwatch.instrumentation.series import Observations, observe_many
+from inferwatch.instrumentation.series import Observations, observe_many, observe_repeated
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
@@ -31,10 +31,39 @@ def test_observe_many_equals_observing_each_value() -> None:
     assert exposition(batched) == exposition(one_by_one)
 
 
-def test_nan_counts_in_the_sum_and_no_bucket_as_with_observe() -> None:
+@pytest.mark.parametrize("value", [0.0005, 0.001, 0.05, 7.0, math.nan])
+def test_observe_repeated_equals_observing_the_value_that_many_times(value: float) -> None:
+    one_by_one, batched, gathered = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
+    single = histogram(one_by_one)
+    for _ in range(5):
+        single.observe(value)
+    observe_repeated(histogram(batched), value, 5)
+    observations = Observations()
+    child = histogram(gathered)
+    observations.observe_repeated(child, value, 2)
+    observations.observe_repeated(child, value, 3)
+    observations.flush()
+    assert exposition(batched) == exposition(one_by_one)
+    assert exposition(gathered) == exposition(one_by_one)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [math.nan],
+        [0.5, math.nan, 0.001, 7.0],
+        [0.002, 0.003, 0.005],  # one bucket
+        [math.inf, 0.0, 0.0],  # the first and the +Inf bucket
+        [-math.inf, 0.1, 0.1],
+        [],
+    ],
+)
+def test_nan_inf_one_bucket_and_none_as_with_observe(values: list[float]) -> None:
     one_by_one, batched = CollectorRegistry(), CollectorRegistry()
-    histogram(one_by_one).observe(math.nan)
-    observe_many(histogram(batched), [math.nan])
+    single = histogram(one_by_one)
+    for value in values:
+        single.observe(value)
+    observe_many(histogram(batched), values)
     assert exposition(batched) == exposition(one_by_one)
 
 
@@ -49,7 +78,8 @@ def test_a_replaced_observe_still_sees_every_value() -> None:
 
     child.observe = record
     observe_many(child, VALUES)
-    assert seen == VALUES
+    observe_repeated(child, 0.5, 2)
+    assert seen == [*VALUES, 0.5, 0.5]
 
 
 def test_a_batch_is_made_once_and_starts_empty_again() -> None:
