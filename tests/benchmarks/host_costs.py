@@ -1,7 +1,7 @@
 """What the host pays per call, warm, for the pieces a decode step of inferwatch is made of: a clock mark,
 a histogram observation, a small CUDA op, the forward hooks, and a compiled decode step's wrapper and its
-share of resolving, on a GPU machine. A loop of plain Python says how fast this host runs Python (the
-development machine's figure is in docs/benchmarks.md).
+share of resolving; the CUDA calls where there is a GPU. A loop of plain Python says how fast the host
+runs Python, to compare hosts.
 
 Each figure is the best of 5 repetitions of a tight loop (caches warm, no model running in between): the
 floor under what ``hook_cost.py`` measures in place, where the model's own work between two steps evicts
@@ -30,7 +30,7 @@ from inferwatch.instrumentation.request import (
     Request,
     Step,
 )
-from inferwatch.instrumentation.series import Observations
+from inferwatch.instrumentation.series import Observations, observe_many
 from prometheus_client import CollectorRegistry, Histogram
 
 
@@ -51,8 +51,8 @@ def compiled_step_costs(hooks: Any, clock: Any, ids: torch.Tensor) -> None:
     """A compiled decode step's share: the wrapper generate calls instead of the compiled call (around a
     call that does nothing, with the keyword arguments of a decode step), and resolving a run."""
     request = Request(hooks.series, clock, owner=hooks)
-    CURRENT_REQUEST.set(request)
-    run = request.decode_run = DecodeRun(clock, "cuda:0", 1, 0.0)
+    token = CURRENT_REQUEST.set(request)
+    run = request.decode_run = DecodeRun(clock, str(ids.device), 1, 0.0)
     request._place_token(time.perf_counter(), 1, Observations())
     step_kwargs = {
         "input_ids": ids,
@@ -84,37 +84,31 @@ def compiled_step_costs(hooks: Any, clock: Any, ids: torch.Tensor) -> None:
     run.marks.clear()
     for _ in range(RUN_DRAIN_MARKS // 2 - 1):
         forward(**step_kwargs)
-    torch.cuda.synchronize()
+    if ids.is_cuda:
+        torch.cuda.synchronize()
     recorded = list(run.marks)
+    pool = getattr(clock, "_pool", None)  # CUDA events, given back to it by each resolution
 
     def resolve_run() -> None:
         run.marks[:] = recorded
         request.drain()
-        clock._pool.clear()  # release_all gave them back: the next repetition reuses ``recorded``
+        if pool is not None:
+            pool.clear()  # the next repetition reuses ``recorded``
 
     steps = len(recorded) // 2
     best = min(timeit.repeat(resolve_run, number=200, repeat=5)) / 200
     print(f"| Request.drain of a run of {steps} steps, per step | {best / steps * 1e6:.2f} |")
-    CURRENT_REQUEST.set(None)
+    CURRENT_REQUEST.reset(token)
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("host_costs: no CUDA device", file=sys.stderr)
-        return 2
-    device = torch.device("cuda", 0)
-    clock = clock_for(device)
+def cuda_calls(clock: Any, device: torch.device) -> None:
+    """The CUDA calls a step of inferwatch makes (or made, before it learnt better)."""
     event, stream = torch.cuda.Event(enable_timing=True), torch.cuda.current_stream()
     flags = torch.zeros(8, dtype=torch.bool, device=device)
-    histogram = Histogram("x", "x", buckets=[i * 0.001 for i in range(1, 30)], registry=CollectorRegistry())
     earlier, later = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     earlier.record()
     later.record()
     torch.cuda.synchronize()
-
-    print("| call | µs |\n|---|---|")
-    report("a Python loop of 1000 additions", python_loop, number=2000)
-    report("time.perf_counter()", time.perf_counter)
     report("torch.cuda.Event.record(stream)", lambda: event.record(stream))
     record = torch._C._CudaEventBase.record
     report("the same through torch._C._CudaEventBase.record", lambda: record(event, stream))
@@ -122,6 +116,23 @@ def main() -> int:
     report("torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0))
     report("torch.cuda.current_stream()", torch.cuda.current_stream)
     report("bool | bool on CUDA (8 elements)", lambda: flags | flags)
+    report("Event.elapsed_time", lambda: earlier.elapsed_time(later))
+    report("Event.query", earlier.query)
+
+
+def main() -> int:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    clock = clock_for(device)
+    histogram = Histogram("x", "x", buckets=[i * 0.001 for i in range(1, 30)], registry=CollectorRegistry())
+    # A run's inter-token latencies: spread over two buckets.
+    latencies = [0.0025 + (i % 7) * 0.0001 for i in range(64)]
+
+    print(f"# host_costs on {device}\n| call | µs |\n|---|---|")
+    report("a Python loop of 1000 additions", python_loop, number=2000)
+    report("time.perf_counter()", time.perf_counter)
+    if cuda:
+        cuda_calls(clock, device)
     report("ContextVar.get", TIMED_AROUND.get)
     report("torch.compiler.is_compiling()", torch.compiler.is_compiling)
     report(
@@ -141,10 +152,9 @@ def main() -> int:
         ),
     )
     report("Histogram.observe (29 buckets)", lambda: histogram.observe(0.02))
-    report("Event.elapsed_time", lambda: earlier.elapsed_time(later))
-    report("Event.query", earlier.query)
+    report("observe_many, 64 values in two of the 29 buckets", lambda: observe_many(histogram, latencies))
 
-    model = build_model("small-llama", device="cuda", dtype=torch.bfloat16)
+    model = build_model("small-llama", device=device.type, dtype=torch.bfloat16 if cuda else None)
     ids = torch.randint(10, 200, (1, 1), device=device)
     handle = instrument(model, model_name="m", registry=CollectorRegistry())
     hooks = handle._instrumentation
@@ -158,7 +168,7 @@ def main() -> int:
             hooks._forward_post(model, (ids,), {}, output)
 
         report("_forward_pre + _forward_post, inside a request", forward_hooks, number=2000)
-        report("Request.mark_tokens", lambda: request.mark_tokens("cuda:0", 1), number=2000)
+        report("Request.mark_tokens", lambda: request.mark_tokens(str(device), 1), number=2000)
         compiled_step_costs(hooks, clock, ids)
         report("small-llama forward of one token, instrumented", lambda: model(ids), number=200)
         handle.remove()
