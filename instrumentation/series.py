@@ -212,12 +212,11 @@ def observe_many(histogram: Any, values: list[float]) -> None:
         for value in values:
             histogram.observe(value)
         return
-    if not values:
-        return
     bounds, buckets, total = layout
     value_sum = sum(values)
-    if value_sum == value_sum:
-        ordered = sorted(values)
+    # A NaN lands in no bucket, only in the sum (as with observe), and does not sort: counted out.
+    ordered = sorted(values if value_sum == value_sum else [v for v in values if v == v])
+    if ordered:
         index, last = bisect.bisect_left(bounds, ordered[0]), bisect.bisect_left(bounds, ordered[-1])
         below = 0  # values under the current bucket
         while index < last:
@@ -227,14 +226,6 @@ def observe_many(histogram: Any, values: list[float]) -> None:
                 below = upto
             index += 1
         buckets[last].inc(len(ordered) - below)
-    else:  # a NaN (it lands in no bucket, only in the sum, as with observe) does not sort
-        counts: dict[int, int] = {}
-        for value in values:
-            if value == value:
-                index = bisect.bisect_left(bounds, value)
-                counts[index] = counts.get(index, 0) + 1
-        for index, count in counts.items():
-            buckets[index].inc(count)
     total.inc(value_sum)
 
 
