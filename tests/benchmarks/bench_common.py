@@ -163,6 +163,15 @@ def paired_ratios(ratios: list[float], resamples: int = 10_000) -> dict[str, Any
     }
 
 
+#: :func:`print_table` columns for a row holding :func:`paired_ratios`' summary.
+PAIRED_RATIO_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("ratio_median", "ratio (median)", lambda v: f"{v:.2%}"),
+    ("ratio_ci95", "95 % CI", lambda v: f"{v[0]:.2%}-{v[1]:.2%}"),
+    ("ratio_min", "min", lambda v: f"{v:.2%}"),
+    ("ratio_max", "max", lambda v: f"{v:.2%}"),
+]
+
+
 def environment() -> dict[str, Any]:
     """What the figures were measured on: GPU, driver, versions."""
     import transformers

@@ -32,7 +32,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, paired_ratios, print_table, static_cache, timed_generate, write_json
+from bench_common import (
+    PAIRED_RATIO_COLUMNS,
+    environment,
+    paired_ratios,
+    print_table,
+    static_cache,
+    timed_generate,
+    write_json,
+)
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.models import build_model
@@ -142,8 +150,7 @@ def main() -> int:
         rows,
         [
             ("variant", "variant", str),
-            ("ratio_median", "throughput / bare (median)", lambda v: f"{v:.2%}"),
-            ("ratio_ci95", "95 % CI", lambda v: f"{v[0]:.2%}-{v[1]:.2%}"),
+            *PAIRED_RATIO_COLUMNS[:2],
             ("added_us", "≈ µs per step", lambda v: f"{v:.1f}"),
             ("step_ms", "bare step ms", lambda v: f"{v:.3f}"),
         ],

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository: tests.support
-from bench_common import environment, median, paired_ratios, print_table, write_json
+from bench_common import PAIRED_RATIO_COLUMNS, environment, median, paired_ratios, print_table, write_json
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
@@ -191,10 +191,7 @@ def main() -> int:
             ("requests", "requests", str),
             ("bare_tokens_per_s", "bare decode tok/s", lambda v: f"{v:.0f}"),
             ("inferwatch_tokens_per_s", "instrumented tok/s", lambda v: f"{v:.0f}"),
-            ("ratio_median", "ratio (median)", lambda v: f"{v:.2%}"),
-            ("ratio_ci95", "95 % CI", lambda v: f"{v[0]:.2%}-{v[1]:.2%}"),
-            ("ratio_min", "min", lambda v: f"{v:.2%}"),
-            ("ratio_max", "max", lambda v: f"{v:.2%}"),
+            *PAIRED_RATIO_COLUMNS,
             ("accuracy", "TTFT max diff ms", lambda v: f"{v['ttft']['max_abs_ms']:.3f}"),
             ("accuracy", "TTFT within 1 ms/1 %", lambda v: f"{v['ttft']['within_1ms_or_1pct']:.0%}"),
             ("accuracy", "TPOT max rel diff", lambda v: f"{v['tpot']['max_rel']:.2%}"),

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (
+    PAIRED_RATIO_COLUMNS,
     environment,
     median,
     paired_ratios,
@@ -116,10 +117,7 @@ def main() -> int:
             ("step_ms", "step ms (bare)", lambda v: f"{v:.2f}"),
             ("bare_tokens_per_s", "bare tok/s", lambda v: f"{v:.0f}"),
             ("inferwatch_tokens_per_s", "instrumented tok/s", lambda v: f"{v:.0f}"),
-            ("ratio_median", "ratio (median)", lambda v: f"{v:.2%}"),
-            ("ratio_ci95", "95 % CI", lambda v: f"{v[0]:.2%}-{v[1]:.2%}"),
-            ("ratio_min", "min", lambda v: f"{v:.2%}"),
-            ("ratio_max", "max", lambda v: f"{v:.2%}"),
+            *PAIRED_RATIO_COLUMNS,
             ("dynamo_unchanged", "no recompile / break", str),
         ],
     )
