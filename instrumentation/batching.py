@@ -415,19 +415,10 @@ class BatchTimeline:
         series.requests[status].inc()
         if status == "ok":
             series.e2e.observe(finish.at - tracked.arrival)
-            if tracked.tokens >= 2:
-                decode = tracked.last_token - tracked.first_token
-                series.decode.observe(decode)
-                series.tpot.observe(decode / (tracked.tokens - 1))
-                series.max_itl.observe(tracked.gap)
-            elif tracked.tokens == 1:
-                series.decode.observe(0.0)
+            series.observe_decode(tracked.tokens, tracked.first_token, tracked.last_token, tracked.gap)
         if status in ("ok", "cancelled"):
             generated = tracked.tokens if finish.generated is None else finish.generated
-            series.prompt_tokens.inc(tracked.prompt)
-            series.prompt_tokens_hist.observe(tracked.prompt)
-            series.generation_tokens.inc(generated)
-            series.generation_tokens_hist.observe(generated)
+            series.count_request_tokens(tracked.prompt, generated)
 
 
 def _anchor_ready(clock: Any, anchor: Anchor) -> bool:

@@ -404,13 +404,8 @@ class Request:
             return False
         series = self.series
         # A cancelled request's decode was cut short: it gets no per-request latency observations.
-        if self._status == "ok" and self._token_steps >= 2:
-            decode = self._last_token - self._first_token
-            series.decode.observe(decode)
-            series.tpot.observe(decode / (self._token_steps - 1))
-            series.max_itl.observe(self._max_gap)
-        elif self._status == "ok" and self._token_steps == 1:
-            series.decode.observe(0.0)
+        if self._status == "ok":
+            series.observe_decode(self._token_steps, self._first_token, self._last_token, self._max_gap)
         self.clock.release(self.anchor)
         if self._counts is not None:
             prompt, generated = self._counts.value()
@@ -422,10 +417,7 @@ class Request:
             prompt, generated = self._prompt_tokens, self._generation_tokens
         else:  # a generate whose output could not be counted (an error already reported)
             return True
-        series.prompt_tokens.inc(prompt)
-        series.prompt_tokens_hist.observe(prompt)
-        series.generation_tokens.inc(generated)
-        series.generation_tokens_hist.observe(generated)
+        series.count_request_tokens(prompt, generated)
         return True
 
     def expired(self) -> bool:

@@ -179,6 +179,24 @@ class ModelSeries:
             )
         return True
 
+    def observe_decode(self, tokens: int, first: float | None, last: float | None, max_gap: float) -> None:
+        """A finished request's decode: ``tokens`` token steps per sequence, the first placed at ``first``
+        and the last at ``last`` (host clock), at most ``max_gap`` apart."""
+        if tokens >= 2:
+            decode = last - first
+            self.decode.observe(decode)
+            self.tpot.observe(decode / (tokens - 1))
+            self.max_itl.observe(max_gap)
+        elif tokens == 1:
+            self.decode.observe(0.0)
+
+    def count_request_tokens(self, prompt: float, generated: float) -> None:
+        """A finished request's prompt and generated tokens: the counters and the per-request histograms."""
+        self.prompt_tokens.inc(prompt)
+        self.prompt_tokens_hist.observe(prompt)
+        self.generation_tokens.inc(generated)
+        self.generation_tokens_hist.observe(generated)
+
     def take_window(self, device: str) -> Window:
         """The work accounted on ``device`` since the last call, and start a new window."""
         with self._lock:
