@@ -74,6 +74,7 @@ class _Tracked:
         "gap",
         "last_token",
         "prompt",
+        "prompt_counted",
         "sampled",
         "state",
         "tokens",
@@ -82,12 +83,13 @@ class _Tracked:
     def __init__(self, arrival: float, prompt: int) -> None:
         self.arrival = arrival
         self.prompt = prompt
+        self.prompt_counted = False  # in llm_prompt_tokens_total, from its first step on
         self.state: str | None = _WAITING  # None once finished
         self.sampled = False  # a step that samples its next token has been scheduled
         self.first_start: float | None = None
         self.first_token: float | None = None
         self.last_token = 0.0
-        self.tokens = 0
+        self.tokens = 0  # placed, and counted in llm_generation_tokens_total as they were
         self.gap = 0.0
 
 
@@ -389,10 +391,14 @@ class BatchTimeline:
             if tracked is not None and tracked.first_start is None:
                 tracked.first_start = start
                 observations.observe(series.queue, max(0.0, start - tracked.arrival))
+                observations.count(series.prompt_tokens, tracked.prompt)
+                tracked.prompt_counted = True
+        placed = 0
         for request_id in step.token_ids:
             tracked = requests.get(request_id)
             if tracked is None:
                 continue
+            placed += 1
             if tracked.first_token is None:
                 tracked.first_token = end
                 observations.observe(series.ttft, end - tracked.arrival)
@@ -404,6 +410,7 @@ class BatchTimeline:
                 observations.observe(series.itl, gap)
             tracked.last_token = end
             tracked.tokens += 1
+        observations.count(series.generation_tokens, placed)
         clock.release(step.start)
         clock.release(step.end)
 
@@ -418,7 +425,8 @@ class BatchTimeline:
             series.observe_decode(tracked.tokens, tracked.first_token, tracked.last_token, tracked.gap)
         if status in ("ok", "cancelled"):
             generated = tracked.tokens if finish.generated is None else finish.generated
-            series.count_request_tokens(tracked.prompt, generated)
+            counted_prompt = tracked.prompt if tracked.prompt_counted else 0
+            series.settle_request_tokens(tracked.prompt, generated, counted_prompt, tracked.tokens)
 
 
 def _anchor_ready(clock: Any, anchor: Anchor) -> bool:

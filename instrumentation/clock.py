@@ -47,8 +47,8 @@ class Fetched(Protocol):
     def value(self) -> list[int]: ...
 
 
-class _Immediate:
-    """A value that was host-readable without waiting (CPU tensors)."""
+class Known:
+    """A value that was host-readable without waiting (CPU tensors, figures the host already has)."""
 
     __slots__ = ("_value",)
 
@@ -149,7 +149,7 @@ class HostClock:
         pass
 
     def fetch(self, tensor: torch.Tensor) -> Fetched:
-        return _Immediate(tensor.tolist())
+        return Known(tensor.tolist())
 
 
 #: ``torch.cuda.Event.record`` without its Python layer (which only fills in the current stream, given

@@ -64,7 +64,7 @@ from inferwatch.instrumentation.request import (
     failure_status,
 )
 from inferwatch.instrumentation.series import drop_gauge, forget_series, series_for
-from inferwatch.instrumentation.tokens import prompt_and_generated, stops_without_eos
+from inferwatch.instrumentation.tokens import every_row_generates, generated_count, prompt_of
 from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
 from prometheus_client import CollectorRegistry
 
@@ -394,8 +394,6 @@ class ModelInstrumentation:
                 work = 2.0 * placement.footprint.matmul_count * batch * new_tokens  # FLOPs of the prompt
             # With sampled-token marks the criterion counts the tokens; else the forward's end does.
             tokens = 1 if request is not None and request.owner is self and not request.marks_sampling else 0
-            if request is not None and request.forwards == 0 and phase == "prefill":
-                request.prompt_shape = (batch, new_tokens)
             if request is not None:
                 request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is
@@ -436,7 +434,7 @@ class ModelInstrumentation:
             current = CURRENT_REQUEST.get()
             if current is not None and current.owner is self:  # generate re-entered from inside itself
                 return original(*args, **kwargs)
-            request = self._begin(entry)
+            request = self._begin(entry, args, kwargs)
             if request is None:
                 return original(*args, **kwargs)
             token = CURRENT_REQUEST.set(request)
@@ -451,7 +449,7 @@ class ModelInstrumentation:
             CURRENT_REQUEST.reset(token)
             if request.hooks_hidden:
                 self._show_hooks(self.model_ref())
-            self._succeed(request, args, kwargs, output)
+            self._succeed(request, kwargs, output)
             return output
 
         return generate
@@ -595,12 +593,25 @@ class ModelInstrumentation:
 
         return get_stopping_criteria
 
-    def _begin(self, entry: float) -> Request | None:
+    def _begin(self, entry: float, args: tuple, kwargs: dict) -> Request | None:
         try:
             self.follow()
             arrival = ARRIVAL.get()
             arrived = None if arrival is None else arrival.claim()
-            return Request(self.series, self.placement.clock, owner=self, entry=entry, arrival=arrived)
+            clock = self.placement.clock
+            prompt = prompt_of(args, kwargs)
+            request = Request(
+                self.series,
+                clock,
+                owner=self,
+                prompt=None if prompt is None else prompt.count(clock),
+                rows=1 if prompt is None else prompt.rows,
+                every_row_steps=every_row_generates(kwargs, self._generation_config(kwargs)),
+                entry=entry,
+                arrival=arrived,
+            )
+            request.prompt_length = 0 if prompt is None else prompt.length
+            return request
         except Exception as exc:
             self.errors.report("generate_enter", exc)
             return None
@@ -616,9 +627,9 @@ class ModelInstrumentation:
         except Exception as error:
             self.errors.report("generate_exit", error)
 
-    def _succeed(self, request: Request, args: tuple, kwargs: dict, output: Any) -> None:
+    def _succeed(self, request: Request, kwargs: dict, output: Any) -> None:
         try:
-            counts = self._token_counts(args, kwargs, output)
+            counts = self._token_counts(request, kwargs, output)
         except Exception as exc:
             self.errors.report("generate_exit", exc)
             counts = None  # the request is still finished and timed, its tokens go uncounted
@@ -629,13 +640,18 @@ class ModelInstrumentation:
         except Exception as exc:
             self.errors.report("generate_exit", exc)
 
-    def _token_counts(self, args: tuple, kwargs: dict, output: Any) -> Fetched | None:
-        """(prompt tokens, generated tokens) of a finished generate, computed on the output's device and
-        copied to the host asynchronously (see docs/timing.md, "Token counts")."""
+    def _generation_config(self, kwargs: dict) -> Any:
+        """The generation config a generate call runs with: its argument's, else the model's."""
         generation_config = kwargs.get("generation_config")
         if generation_config is None:
             generation_config = getattr(self.model_ref(), "generation_config", None)
-        counts = prompt_and_generated(args, kwargs, output, generation_config, stops_without_eos(kwargs))
+        return generation_config
+
+    def _token_counts(self, request: Request, kwargs: dict, output: Any) -> Fetched | None:
+        """The tokens a finished generate generated, computed on the output's device and copied to the
+        host asynchronously (see docs/timing.md, "Token counts")."""
+        generation_config = self._generation_config(kwargs)
+        counts = generated_count(output, request.prompt_length, generation_config, kwargs)
         return None if counts is None else self.placement.clock.fetch(counts)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import math
 import time
 from typing import Any
 
@@ -163,7 +164,9 @@ class Request:
         clock: Clock,
         *,
         owner: object = None,
-        prompt_tokens: int = 0,
+        prompt: Fetched | None = None,
+        rows: int = 1,
+        every_row_steps: float = math.inf,
         entry: float | None = None,
         arrival: float | None = None,
     ) -> None:
@@ -178,8 +181,8 @@ class Request:
         self.entry = (self.anchor.host if entry is None else entry) if arrival is None else arrival
         #: Token times come from marks recorded after sampling (hooks.TokenMarkingCriteria), not forward ends.
         self.marks_sampling = False
-        #: (sequences, tokens) of the first forward: the prompt of a request that ends without output.
-        self.prompt_shape: tuple[int, int] | None = None
+        #: Tokens per row of the prompt as generate's output holds them (where its generated tokens start).
+        self.prompt_length = 0
         #: The decode steps generate runs through its compiled call, once their shapes are settled.
         self.decode_run: DecodeRun | None = None
         #: The model's forward hooks are out while this generate runs its compiled call (hooks._hide_hooks).
@@ -196,8 +199,15 @@ class Request:
         self._max_gap = 0.0
         self._kv: KVCacheSize | None = None
         self._status: str | None = None
-        self._prompt_tokens = prompt_tokens
-        self._generation_tokens = 0
+        # The token counters move while the request runs (docs/metrics.md): its prompt once the prefill
+        # has run, its tokens as they are placed, ``rows`` per token step for the first
+        # ``every_row_steps`` steps and one after (a row that ended pads: only the output says which).
+        self._prompt = prompt
+        self._prompt_tokens: int | None = None
+        self._prompt_counted = False
+        self._rows = rows
+        self._every_row_steps = every_row_steps
+        self._generated_counted = 0
         self._counts: Fetched | None = None
         series.running.inc()
 
@@ -270,7 +280,32 @@ class Request:
             # The run's steps all came after the steps of the queue (see DecodeRun).
             return run is None or not run.marks or self._resolve_run(run, observations)
         finally:
+            if not self._prompt_counted and (self._first_forward_start, self._first_token) != (None, None):
+                self._count_prompt(observations)
             observations.flush()
+
+    def _prompt_value(self) -> int | None:
+        """The prompt's token count once it is on the host (read from the device copy once)."""
+        prompt = self._prompt
+        if prompt is not None and prompt.ready():
+            self._prompt, self._prompt_tokens = None, int(prompt.value()[0])
+        return self._prompt_tokens
+
+    def _count_prompt(self, observations: Observations) -> None:
+        """The prefill has run: its prompt tokens count from now on."""
+        tokens = self._prompt_value()
+        if tokens is not None:
+            self._prompt_counted = True
+            observations.count(self.series.prompt_tokens, tokens)
+
+    def _count_generated(self, steps: int, observations: Observations) -> None:
+        """``steps`` more token steps were placed: count their tokens, a lower bound where a row may
+        have ended (see __init__)."""
+        done = self._token_steps
+        every_row = max(0, min(done + steps, self._every_row_steps) - done)
+        tokens = int(every_row * self._rows + steps - every_row)
+        self._generated_counted += tokens
+        observations.count(self.series.generation_tokens, tokens)
 
     def _anchor_lag_bound(self, step: Step) -> float:
         """How late the anchor must have been for ``step``'s marks not to map before they were recorded.
@@ -327,6 +362,7 @@ class Request:
         """``tokens`` per sequence became available at ``end`` (host clock)."""
         # The request's own state first: an observation that fails costs only itself.
         previous, self._last_token = self._last_token, end
+        self._count_generated(tokens, observations)
         self._token_steps += tokens
         series = self.series
         if previous is None:
@@ -367,6 +403,7 @@ class Request:
             earlier = [self._last_token, *times[:-1]]
             gaps = [later - before for before, later in zip(earlier, times, strict=True)]
             self._max_gap = max(self._max_gap, *gaps)
+            self._count_generated(len(times), observations)
             self._token_steps += len(times)
             self._last_token = times[-1]
             observations.observe_all(series.itl, gaps)
@@ -374,12 +411,9 @@ class Request:
 
     # -- the end of a request --------------------------------------------------------------------------
 
-    def count_tokens(self, tokens: int) -> None:
-        """Tokens per sequence produced, counted by a tracked request (generate counts from its output)."""
-        self._generation_tokens += tokens
-
     def finish(self, status: str, counts: Fetched | None = None) -> None:
-        """Record the outcome at the request's exit; ``counts`` = (prompt, generated) on its way to the host.
+        """Record the outcome at the request's exit; ``counts``: the tokens generate generated, on its way to
+        the host (from its output).
 
         Status, running requests and end-to-end latency are recorded now; the rest by :meth:`complete`.
         """
@@ -400,24 +434,24 @@ class Request:
             self._pending.clear()
             self.decode_run = None
             return True
-        if not self.drain() or (self._counts is not None and not self._counts.ready()):
+        counts, prompt = self._counts, self._prompt
+        if not self.drain() or any(c is not None and not c.ready() for c in (counts, prompt)):
             return False
         series = self.series
         # A cancelled request's decode was cut short: it gets no per-request latency observations.
         if self._status == "ok":
             series.observe_decode(self._token_steps, self._first_token, self._last_token, self._max_gap)
         self.clock.release(self.anchor)
-        if self._counts is not None:
-            prompt, generated = self._counts.value()
-        elif self._status == "cancelled" and self.owner is not None:
-            # No output to count: the prompt as the first forward saw it, and the tokens sampled so far.
-            batch, prompt_length = self.prompt_shape or (0, 0)
-            prompt, generated = batch * prompt_length, batch * self._token_steps
-        elif self.owner is None:  # a tracked request counts its own tokens
-            prompt, generated = self._prompt_tokens, self._generation_tokens
-        else:  # a generate whose output could not be counted (an error already reported)
+        if counts is not None:
+            generated = counts.value()[0]
+        elif self._status == "cancelled" or self.owner is None:
+            # No output to count (a cancelled generate, a tracked request): every row's tokens so far.
+            generated = self._rows * self._token_steps
+        else:  # a generate whose output could not be counted (an error already reported): as counted
             return True
-        series.count_request_tokens(prompt, generated)
+        prompt_tokens = self._prompt_value() or 0
+        counted_prompt = prompt_tokens if self._prompt_counted else 0
+        series.settle_request_tokens(prompt_tokens, generated, counted_prompt, self._generated_counted)
         return True
 
     def expired(self) -> bool:

@@ -190,11 +190,15 @@ class ModelSeries:
         elif tokens == 1:
             self.decode.observe(0.0)
 
-    def count_request_tokens(self, prompt: float, generated: float) -> None:
-        """A finished request's prompt and generated tokens: the counters and the per-request histograms."""
-        self.prompt_tokens.inc(prompt)
+    def settle_request_tokens(
+        self, prompt: float, generated: float, counted_prompt: float, counted_generated: float
+    ) -> None:
+        """A finished request's exact prompt and generated tokens: the per-request histograms, and the part
+        of them the counters have not counted while it ran (its live counts are lower bounds: a counter
+        never goes back)."""
+        self.prompt_tokens.inc(max(0.0, prompt - counted_prompt))
         self.prompt_tokens_hist.observe(prompt)
-        self.generation_tokens.inc(generated)
+        self.generation_tokens.inc(max(0.0, generated - counted_generated))
         self.generation_tokens_hist.observe(generated)
 
     def take_window(self, device: str) -> Window:
@@ -266,12 +270,17 @@ class Observations:
     of each histogram child go through :func:`observe_many`, forwards through one locked update per
     (model, device, phase)."""
 
-    __slots__ = ("_forwards", "_repeated", "_values")
+    __slots__ = ("_counts", "_forwards", "_repeated", "_values")
 
     def __init__(self) -> None:
         self._values: dict[Any, list[float]] = {}
         self._repeated: dict[tuple[Any, float], int] = {}
         self._forwards: dict[tuple[ModelSeries, str, str], tuple[list[float], list[float]]] = {}
+        self._counts: dict[Any, float] = {}
+
+    def count(self, counter: Any, amount: float) -> None:
+        """``counter.inc(amount)``, made once per counter with the batch's total."""
+        self._counts[counter] = self._counts.get(counter, 0.0) + amount
 
     def observe(self, histogram: Any, value: float) -> None:
         values = self._values.get(histogram)
@@ -317,6 +326,10 @@ class Observations:
         values, self._values = self._values, {}
         repeated, self._repeated = self._repeated, {}
         forwards, self._forwards = self._forwards, {}
+        counts, self._counts = self._counts, {}
+        for counter, amount in counts.items():
+            if amount:
+                counter.inc(amount)
         for (series, device, phase), (durations, work) in forwards.items():
             series.add_forwards(device, phase, durations, sum(work))
         for histogram, batch in values.items():

@@ -1,15 +1,18 @@
 """Token counts of a finished ``generate``, computed on the output's device without a host read.
 
 Rows end at EOS or at the length limit; a finished row of a batch is filled with padding by ``generate``,
-which is not generated text. The counts are stacked into one small tensor that the caller copies to the
-host asynchronously (docs/timing.md, "Token counts").
+which is not generated text. The prompt is counted from generate's arguments at its entry, the generated
+tokens from its output; a count that needs the device is a small tensor the caller copies to the host
+asynchronously (docs/timing.md, "Token counts").
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import torch
+from inferwatch.instrumentation.clock import Clock, Fetched, Known
 
 
 def generated_lengths(generated: torch.Tensor, eos_ids: list[int], pad_id: int | None) -> torch.Tensor:
@@ -48,32 +51,76 @@ def token_ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-def prompt_and_generated(
-    args: tuple, kwargs: dict, output: Any, generation_config: Any, stops_early: bool
+class Prompt(NamedTuple):
+    """A generate call's prompt, as its arguments say before any device work."""
+
+    #: Sequences of the caller's batch.
+    rows: int
+    #: Tokens per row that generate's output holds before the generated ones (0 for ``inputs_embeds``).
+    length: int
+    #: Prompt tokens, padding excluded: an int, or a 0-dim tensor on the attention mask's device when the
+    #: mask is not on the host (its sum would need a host read).
+    tokens: torch.Tensor | int
+
+    def count(self, clock: Clock) -> Fetched:
+        """The prompt tokens on their way to the host: copied once the device gets there."""
+        tokens = self.tokens
+        if not isinstance(tokens, torch.Tensor):
+            return Known([tokens])
+        if tokens.device == clock.device:
+            return clock.fetch(tokens.reshape(1))
+        # A mask on another device than the model's could only be read by waiting for it: padding counts.
+        return Known([self.rows * self.length])
+
+
+def prompt_of(args: tuple, kwargs: dict) -> Prompt | None:
+    """The prompt of a generate call from its ``input_ids`` (or ``inputs``, or positional) and
+    ``attention_mask``; None when it has neither ids nor embeddings."""
+    ids = kwargs.get("input_ids", kwargs.get("inputs"))
+    if ids is None and args:
+        ids = args[0]
+    has_ids = isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()
+    embeds = kwargs.get("inputs_embeds")
+    if has_ids:
+        rows, length = ids.shape[0], ids.shape[1]
+    elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        rows, length = embeds.shape[0], 0
+    else:
+        return None
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor):
+        return Prompt(rows, length, rows * length)
+    tokens = mask.sum(dtype=torch.long)
+    return Prompt(rows, length, int(tokens) if mask.device.type == "cpu" else tokens)
+
+
+def every_row_generates(kwargs: dict, generation_config: Any) -> float:
+    """How many token steps of a generate call every row of its batch surely takes part in: all of them
+    when only the length limit ends a row, the first ``min_new_tokens`` when EOS can (transformers masks
+    EOS out until then), none when stop strings or a caller's criteria can. Counting tokens live, a later
+    step counts one token (some row is still generating, or generate would have stopped)."""
+    if stops_without_eos(kwargs) or getattr(generation_config, "stop_strings", None):
+        return 0
+    eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
+    if eos is None or (not isinstance(eos, torch.Tensor) and not token_ids(eos)):
+        return math.inf
+    return kwargs.get("min_new_tokens", getattr(generation_config, "min_new_tokens", None)) or 0
+
+
+def generated_count(
+    output: Any, prompt_length: int, generation_config: Any, kwargs: dict
 ) -> torch.Tensor | None:
-    """A device tensor ``[prompt tokens, generated tokens]`` of a finished generate (summed over the
-    batch), or None when the output holds no sequences. ``stops_early``: the caller's own stopping
-    criteria or stop strings may end a row without EOS (then trailing padding is not counted)."""
+    """A 1-element device tensor: tokens a finished generate produced, summed over its rows (up to and
+    including each row's EOS, its padding after excluded); None when the output holds no sequences."""
     sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
         return None
-    prompt = kwargs.get("input_ids", kwargs.get("inputs"))
-    if prompt is None and args:
-        prompt = args[0]
-    has_ids = isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and not prompt.is_floating_point()
-    prompt_length = prompt.shape[1] if has_ids else 0
     eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
     pad = kwargs.get("pad_token_id", getattr(generation_config, "pad_token_id", None))
     pad_ids = token_ids(pad)
     # Rows end at EOS or at the length limit, and EOS already bounds them. Only a stopping criterion
     # other than EOS (stop strings, a caller's own) ends a row without one and pads it; elsewhere a
     # trailing pad id is a token the model really generated and must be counted.
-    trailing_pad = pad_ids[0] if pad_ids and stops_early else None
+    trailing_pad = pad_ids[0] if pad_ids and stops_without_eos(kwargs) else None
     lengths = generated_lengths(sequences[:, prompt_length:], token_ids(eos), trailing_pad)
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.device == sequences.device:
-        prompt_tokens = mask.sum(dtype=torch.long)
-    else:
-        batch = prompt.shape[0] if has_ids else sequences.shape[0]
-        prompt_tokens = torch.full((), batch * prompt_length, dtype=torch.long, device=sequences.device)
-    return torch.stack([prompt_tokens, lengths.sum()])
+    return lengths.sum().reshape(1)

@@ -20,7 +20,7 @@ from types import TracebackType
 import torch
 from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.clock import clock_for
+from inferwatch.instrumentation.clock import Known, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import device_label
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
@@ -63,7 +63,7 @@ class RequestTracker:
                 claimed = open_arrival.claim()
                 arrival = claimed if arrival is None else arrival
             self._request = Request(
-                self._series, self._clock, prompt_tokens=self._prompt_tokens, arrival=arrival
+                self._series, self._clock, prompt=Known([self._prompt_tokens]), arrival=arrival
             )
             self._context_token = CURRENT_REQUEST.set(self._request)
         except Exception as exc:
@@ -79,7 +79,6 @@ class RequestTracker:
             return
         try:
             self._series.heartbeat()
-            request.count_tokens(k)
             request.mark_tokens(self._device_label, k)
             request.drain_batch()
         except Exception as exc:
