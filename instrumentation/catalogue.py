@@ -182,8 +182,22 @@ TORCH_MEMORY = _gauge(
     "torch CUDA allocator memory of this process by kind: allocated, reserved, active, max_allocated.",
 )  # fmt: skip
 GPU_BUSY = _gauge(
-    "llm_gpu_busy_ratio", "ratio", ("model", "device"), "livesum",
-    "Fraction of wall time the model's forward passes occupied its device over the last poll window.",
+    "llm_gpu_busy_ratio", "ratio", ("model", "device", "source"), "livesum",
+    "Fraction of wall time the GPU ran this serving process's kernels over the last poll window, from "
+    "the driver: source=process (NVML's utilization of this process) or device (the GPU's own "
+    "utilization: this process is its only compute process). Absent where neither can be had "
+    "(llm_gpu_busy_unavailable says why).",
+)  # fmt: skip
+GPU_BUSY_UNAVAILABLE = _gauge(
+    "llm_gpu_busy_unavailable", "1", ("device", "reason"), "livemax",
+    "1 while llm_gpu_busy_ratio cannot be measured for this GPU, by reason: nvml_disabled, "
+    "nvml_unavailable, not_supported, process_not_visible, process_ambiguous.",
+)  # fmt: skip
+FORWARD_TIME_RATIO = _gauge(
+    "llm_forward_time_ratio", "ratio", ("model", "device"), "livesum",
+    "Fraction of wall time inside the model's forward passes (start to end mark on their stream; host "
+    "time on the CPU) over the last poll window. Not kernel time: a host-bound step's span is the host "
+    "launching its kernels.",
 )  # fmt: skip
 DECODE_BANDWIDTH = _gauge(
     "llm_decode_bandwidth_utilization_ratio", "ratio", ("model", "device"), "livemax",
@@ -226,7 +240,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING,
     KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
-    KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS, TORCH_MEMORY, GPU_BUSY, DECODE_BANDWIDTH,
+    KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS, TORCH_MEMORY, GPU_BUSY, GPU_BUSY_UNAVAILABLE,
+    FORWARD_TIME_RATIO, DECODE_BANDWIDTH,
     PREFILL_FLOPS, NVML_GPU_UTILIZATION, NVML_MEMORY_USED, NVML_MEMORY_TOTAL, NVML_PROCESS_MEMORY,
     MODEL_INFO, LAST_STEP,
 )  # fmt: skip

@@ -38,6 +38,7 @@ import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
 from inferwatch.instrumentation.batching import BatchingHooks
+from inferwatch.instrumentation.busy import NVML_DISABLED, BusyReading
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -281,9 +282,21 @@ class ModelInstrumentation:
             # The configured figure, else what the NVML poller of this device read (once, on its thread).
             return configured or (None if nvml is None else nvml.peak_bandwidth)
 
+        def busy() -> BusyReading | None:
+            return None if nvml is None else nvml.busy  # written by the NVML poller's thread
+
         key = ("model", id(self), label)
         SAMPLER.acquire(
-            key, lambda: ModelPoller(self.series, device, label, interval, peak_flops, peak_bandwidth)
+            key,
+            lambda: ModelPoller(
+                self.series,
+                device,
+                label,
+                interval,
+                peak_flops,
+                peak_bandwidth,
+                busy if device.type == "cuda" else None,
+            ),
         )
         self._poller_keys.append((SAMPLER, key))
 
@@ -295,6 +308,7 @@ class ModelInstrumentation:
         SAMPLER.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, label, interval))
         self._poller_keys.append((SAMPLER, key))
         if not config.enable_nvml:
+            self.metrics[cat.GPU_BUSY_UNAVAILABLE].labels(label, NVML_DISABLED).set(1)
             return None
         properties = torch.cuda.get_device_properties(device)
         uuid = str(getattr(properties, "uuid", "") or "")

@@ -8,12 +8,13 @@ not support is skipped from then on.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from inferwatch.instrumentation import busy
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.errors import logger
+from inferwatch.instrumentation.series import drop_gauge
 
 
 def _import_pynvml() -> Any:
@@ -44,9 +45,14 @@ class NvmlPoller:
         self._handle: Any = None
         self._disabled = False
         self._unsupported: set[str] = set()
+        self._meter: busy.BusyMeter | None = None
+        self._unavailable: str | None = None  # the reason llm_gpu_busy_unavailable shows now
         #: Peak memory bandwidth in bytes/s, read once; the model pollers of this device read it (a float
         #: written once by this poller's thread).
         self.peak_bandwidth: float | None = None
+        #: This process's busy share of the GPU at the last poll (busy.BusyMeter); the model pollers of
+        #: this device publish it. None while it cannot be measured.
+        self.busy: busy.BusyReading | None = None
 
     def __repr__(self) -> str:
         return f"NvmlPoller({self._label})"
@@ -59,6 +65,7 @@ class NvmlPoller:
             self._nvml.nvmlInit()
         except Exception as exc:
             self._disabled = True
+            self._busy_unavailable(busy.NVML_UNAVAILABLE)
             logger.info("inferwatch: NVML unavailable (%s); llm_nvml_* metrics are off", exc)
             return False
         nvml = self._nvml
@@ -66,6 +73,7 @@ class NvmlPoller:
             self._handle = nvml.nvmlDeviceGetHandleByUUID(self._uuid)
         else:
             self._handle = nvml.nvmlDeviceGetHandleByIndex(self._index)
+        self._meter = busy.BusyMeter(nvml, self._handle)
         return True
 
     def poll(self) -> None:
@@ -79,7 +87,9 @@ class NvmlPoller:
             return
         self._read("utilization", self._read_utilization)
         self._read("memory", self._read_memory)
-        self._read("process_memory", self._read_process_memory)
+        self._read("processes", self._read_processes)
+        if "processes" in self._unsupported:
+            self._busy_unavailable(busy.NOT_SUPPORTED)
         if self.peak_bandwidth is None:
             self._read("bandwidth", self._read_peak_bandwidth)
 
@@ -107,12 +117,29 @@ class NvmlPoller:
         self._set(cat.NVML_MEMORY_USED, info.used)
         self._set(cat.NVML_MEMORY_TOTAL, info.total)
 
-    def _read_process_memory(self) -> None:
-        pid = os.getpid()
-        for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-            if process.pid == pid and process.usedGpuMemory is not None:
-                self._set(cat.NVML_PROCESS_MEMORY, process.usedGpuMemory)
-                return
+    def _read_processes(self) -> None:
+        """This process's memory and busy share, from the GPU's compute processes."""
+        self.busy = None  # until this poll has read it: never a reading of the past
+        processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        listed = {process.pid for process in processes}
+        mine, _ = busy.identify(listed, self._meter.own)
+        used = [p.usedGpuMemory for p in processes if p.pid in mine and p.usedGpuMemory is not None]
+        if used:
+            self._set(cat.NVML_PROCESS_MEMORY, sum(used))
+        reading = self._meter.read(listed)
+        self.busy = reading if isinstance(reading, busy.BusyReading) else None
+        self._busy_unavailable(None if self.busy is not None else reading)
+
+    def _busy_unavailable(self, reason: str | None) -> None:
+        """Show ``reason`` in llm_gpu_busy_unavailable (None: the busy ratio is measured)."""
+        if reason == self._unavailable:
+            return
+        family = self._metrics[cat.GPU_BUSY_UNAVAILABLE]
+        if self._unavailable is not None:
+            drop_gauge(family, self._label, self._unavailable)
+        if reason is not None:
+            family.labels(self._label, reason).set(1)
+        self._unavailable = reason
 
     def _read_peak_bandwidth(self) -> None:
         nvml = self._nvml

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import torch
 from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.busy import BusyReading
 from inferwatch.instrumentation.catalogue import Metrics
-from inferwatch.instrumentation.series import ModelSeries
+from inferwatch.instrumentation.series import ModelSeries, drop_gauge
 
 # llm_torch_memory_bytes{kind} <- torch.cuda.memory_stats() key.
 MEMORY_KINDS = {
@@ -69,8 +70,9 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 
 class ModelPoller:
-    """Turns one model's forward work since the last poll into busy / bandwidth / FLOP ratios, and its
-    KV bytes per token into headroom tokens."""
+    """Turns one model's forward work since the last poll into forward-time / bandwidth / FLOP ratios,
+    its GPU's busy share (measured by the NVML poller) into its busy ratio, and its KV bytes per token
+    into headroom tokens."""
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class ModelPoller:
         interval: float,
         peak_flops: float | None,
         peak_bandwidth: Callable[[], float | None],
+        busy: Callable[[], BusyReading | None] | None = None,
     ) -> None:
         self.interval = interval
         self._series = series
@@ -87,10 +90,14 @@ class ModelPoller:
         self._label = label
         self._peak_flops = peak_flops
         self._peak_bandwidth = peak_bandwidth
+        #: This process's busy share of the model's GPU; None for a device that is no GPU.
+        self._busy_reading = busy
+        self._busy_source: str | None = None
         # Each ratio gets its series at its first real value: a ratio that cannot be computed here (no
         # known peak, no decode yet) is absent rather than a misleading 0.
         metrics = series.metrics
         self._busy = metrics[cat.GPU_BUSY]
+        self._forward_time = metrics[cat.FORWARD_TIME_RATIO]
         self._bandwidth = metrics[cat.DECODE_BANDWIDTH]
         self._flops = metrics[cat.PREFILL_FLOPS]
         self._headroom = metrics[cat.KV_CACHE_HEADROOM_TOKENS]
@@ -106,7 +113,9 @@ class ModelPoller:
             window = self._series.take_window(self._label)
             model, label = self._series.name, self._label
             if wall > 0:
-                self._busy.labels(model, label).set(min(1.0, window.forward_seconds / wall))
+                self._forward_time.labels(model, label).set(min(1.0, window.forward_seconds / wall))
+            if self._busy_reading is not None:
+                self._publish_busy(self._busy_reading())
             peak_bandwidth = self._peak_bandwidth()
             if window.decode_seconds > 0 and peak_bandwidth:
                 utilization = window.decode_bytes / window.decode_seconds / peak_bandwidth
@@ -122,3 +131,13 @@ class ModelPoller:
                     self._headroom.labels(model).set(max(0.0, free / per_token))
         except Exception as exc:
             self._series.errors.report("sample", exc)
+
+    def _publish_busy(self, reading: BusyReading | None) -> None:
+        """The busy ratio under its source; no series while there is no reading."""
+        model, label = self._series.name, self._label
+        source = None if reading is None else reading.source
+        if self._busy_source not in (None, source):
+            drop_gauge(self._busy, model, label, self._busy_source)
+        self._busy_source = source
+        if reading is not None:
+            self._busy.labels(model, label, source).set(min(1.0, reading.ratio))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.busy import SOURCES
 from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from prometheus_client import Gauge
@@ -340,19 +342,20 @@ class Observations:
 
 #: Gauges that describe a model while it exists, by the labels after ``model``: removed with the model.
 _BY_DEVICE = "device"
-_LIVE_GAUGES: tuple[tuple[cat.MetricSpec, str | tuple[str, ...]], ...] = (
-    # (family, the values of its label after `model`: every device the model ran on, fixed ones, or none)
+_LIVE_GAUGES: tuple[tuple[cat.MetricSpec, tuple[str | tuple[str, ...], ...]], ...] = (
+    # (family, for each label after `model` its values: every device the model ran on, or fixed ones)
     (cat.REQUESTS_RUNNING, ()),
     (cat.REQUESTS_WAITING, ()),
     (cat.KV_CACHE_BYTES, ()),
     (cat.KV_CACHE_CAPACITY_TOKENS, ()),
     (cat.KV_CACHE_BYTES_PER_TOKEN, ()),
     (cat.KV_CACHE_HEADROOM_TOKENS, ()),
-    (cat.KV_CACHE_BLOCKS, KV_BLOCK_STATES),
+    (cat.KV_CACHE_BLOCKS, (KV_BLOCK_STATES,)),
     (cat.LAST_STEP, ()),
-    (cat.GPU_BUSY, _BY_DEVICE),
-    (cat.DECODE_BANDWIDTH, _BY_DEVICE),
-    (cat.PREFILL_FLOPS, _BY_DEVICE),
+    (cat.GPU_BUSY, (_BY_DEVICE, SOURCES)),
+    (cat.FORWARD_TIME_RATIO, (_BY_DEVICE,)),
+    (cat.DECODE_BANDWIDTH, (_BY_DEVICE,)),
+    (cat.PREFILL_FLOPS, (_BY_DEVICE,)),
 )
 
 _series_lock = threading.Lock()
@@ -376,10 +379,10 @@ def forget_series(metrics: Metrics, name: str, devices: list[str]) -> None:
     fresh series. In multiprocess mode series cannot be removed; they are set to 0."""
     with _series_lock:
         metrics.model_series.pop(name, None)
-    for spec, second in _LIVE_GAUGES:
-        values = devices if second == _BY_DEVICE else second
-        for labels in [(name, value) for value in values] if second else [(name,)]:
-            drop_gauge(metrics[spec], *labels)
+    for spec, after_model in _LIVE_GAUGES:
+        choices = [devices if values == _BY_DEVICE else values for values in after_model]
+        for rest in itertools.product(*choices):
+            drop_gauge(metrics[spec], name, *rest)
 
 
 def drop_gauge(family: Gauge, *labels: str) -> None:

@@ -39,8 +39,13 @@ TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), MODEL)
 TOTAL_TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), ())
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
+# The share of wall time the GPU ran the serving process's kernels (NVML); GPU models only.
 BUSY = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), MODEL, "avg")
 BUSY_BY_DEVICE = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), ("instance", "device"), "sum")
+# Why a GPU has no busy ratio, by reason (all of them are 1).
+BUSY_UNAVAILABLE = Gauge(Selector(names.LLM_GPU_BUSY_UNAVAILABLE), ("instance", "device", "reason"), "max")
+# The share of wall time inside the model's forward passes (spans, not kernel time); every device.
+FORWARD_TIME = Gauge(Selector(names.LLM_FORWARD_TIME_RATIO), MODEL, "avg")
 KV_BYTES = Gauge(Selector(names.LLM_KV_CACHE_BYTES), MODEL)
 KV_HEADROOM = Gauge(Selector(names.LLM_KV_CACHE_HEADROOM_TOKENS), MODEL, "min")
 # A paged KV cache (continuous batching) only: its blocks by state, and the scheduler's preemptions.

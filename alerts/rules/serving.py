@@ -35,11 +35,12 @@ def _host_bound(p: Params) -> list[AlertRule]:
     return [
         p.rule(
             expr,
-            f"{MODEL} keeps its device busy only {VALUE_PERCENT} of the time while serving.",
-            f"The forward passes of {MODEL} occupied {label('device')} for only {VALUE_PERCENT} of wall "
-            f"time (threshold {num(p['busy_ratio_below'] * 100)}%) while requests were in flight, for "
-            f"more than {p['for']}. The device waits for the host: Python overhead, tokenization, "
-            "sampling or data loading sit between the kernels.",
+            f"{MODEL} keeps its GPU busy only {VALUE_PERCENT} of the time while serving.",
+            f"The GPU ({label('device')}) ran the kernels of {MODEL}'s serving process for only "
+            f"{VALUE_PERCENT} of wall time (NVML, {label('source')} utilization; threshold "
+            f"{num(p['busy_ratio_below'] * 100)}%) while requests were in flight, for more than {p['for']}. "
+            "The GPU waits for the host: Python overhead, kernel launches, tokenization, sampling or data "
+            "loading sit between the kernels.",
         )
     ]
 

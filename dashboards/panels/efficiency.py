@@ -1,5 +1,5 @@
-"""Device efficiency and the host: busy ratio (also next to NVML utilization), decode bandwidth and
-prefill FLOPs utilization, and the serving process's CPU."""
+"""Device efficiency and the host: busy ratio (also next to NVML utilization and the forward passes' share
+of wall time), decode bandwidth and prefill FLOPs utilization, and the serving process's CPU."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from .queries import GPU, INSTANCE, SERVING, alert_settings, sel, summed
 
 def busy_ratio() -> PanelSpec:
     limit = alert_settings("InferwatchHostBound")["busy_ratio_below"]
+    busy = f"avg by (model, device, source) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})"
     return PanelSpec(
         "Device busy ratio",
-        f"Fraction of wall time the model's forward passes occupied its device. Below {limit:.0%} while "
-        "requests are in flight (InferwatchHostBound) the device waits for the host.",
+        "Fraction of wall time the GPU ran the serving process's kernels (NVML: the process's own "
+        "utilization, or the GPU's where it is the only process). Below "
+        f"{limit:.0%} while requests are in flight (InferwatchHostBound) the GPU waits for the host. "
+        "Models on the CPU have none.",
         "percentunit",
         below(limit),
-        [Query(f"avg by (model, device) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})", "{{model}} {{device}}")],
+        [Query(busy, "{{model}} {{device}} ({{source}})")],
     )
 
 
@@ -26,14 +29,19 @@ def busy_ratio_vs_nvml() -> PanelSpec:
     nvml = Query(
         f"avg by (instance, gpu) ({sel(names.GPU_UTILIZATION_RATIO, GPU)})", "NVML utilization GPU {{gpu}}"
     )
+    forwards = Query(
+        f"avg by (model, device) ({sel(names.LLM_FORWARD_TIME_RATIO, SERVING)})",
+        "{{model}} {{device}} inside forward passes",
+    )
     return PanelSpec(
         "Device busy ratio and NVML utilization",
-        "The model's own kernels (busy ratio) next to NVML's view of the GPU: both low while requests "
-        "run means the host is the bottleneck; NVML high but busy ratio low means another process uses "
-        "the GPU.",
+        "The serving process's kernels (busy ratio) next to NVML's view of the whole GPU and to the share "
+        "of wall time inside the model's forward passes: busy ratio and NVML both low while requests run "
+        "means the host is the bottleneck; NVML high but busy ratio low means another process uses the "
+        "GPU; forwards high but busy ratio low means the forwards spend their time launching kernels.",
         spec.unit,
         spec.thresholds,
-        [*spec.queries, nvml],
+        [*spec.queries, nvml, forwards],
     )
 
 

@@ -1,6 +1,13 @@
-"""Host-bound: the model's own work fills less of the wall time while requests run than the
-InferwatchHostBound alert allows (reference/002 §4.1: idle gaps in the timeline); the busiest serving
-process's CPU is the evidence."""
+"""Host-bound: the GPU runs the serving process's kernels for less of the wall time while requests run
+than the InferwatchHostBound alert allows (reference/002 §4.1: idle gaps in the timeline). The busy ratio is
+the driver's (``llm_gpu_busy_ratio``, NVML), never the spans of the forward passes, which on a host-bound
+step last as long as the host takes to launch their kernels: the forwards' share of the wall time and the
+busiest serving process's CPU are the evidence of where the time goes instead.
+
+A model on the CPU has no busy ratio (its device is the host); a GPU whose share NVML cannot tell for this
+process has none either, and ``llm_gpu_busy_unavailable`` says why: the check names the reason rather than
+judge from a figure that reads high.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import statistics
 from inferwatch.common import names
 
 from .. import checklist
-from ..queries import BUSY, PROCESS_CPU_RATE, RUNNING
+from ..queries import BUSY, BUSY_UNAVAILABLE, FORWARD_TIME, PROCESS_CPU_RATE, RUNNING
 from ..units import number, percent
 from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, host, subject
 from .stats import aligned, values
@@ -19,8 +26,8 @@ from .thresholds import Thresholds
 def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
     busy = source.series(BUSY)
     if not busy:
-        raise NotAssessed(f"no {names.LLM_GPU_BUSY_RATIO} in the window: is an instrumented process scraped?")
-    running = source.series(RUNNING)
+        raise NotAssessed(_why_no_busy_ratio(source))
+    running, forward_time = source.series(RUNNING), source.series(FORWARD_TIME)
     findings, judged = [], False
     for group, busy_points in busy.items():
         loaded = [
@@ -43,13 +50,17 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
                 RUNNING,
             ),
         ]
+        if group in forward_time:
+            spans = statistics.fmean(values(forward_time[group]))
+            what = "wall time inside forward passes (mean; launching kernels counts)"
+            evidence.append(evidence_for(source, what, percent(spans), FORWARD_TIME))
         evidence.extend(_process_cpu_evidence(source, host(group)))
         findings.append(
             Finding(
                 "host-bound",
                 Severity.WARNING,
                 subject(group),
-                f"the model's forward passes fill only {percent(mean_busy)} of the wall time while "
+                f"the GPU runs the model's kernels only {percent(mean_busy)} of the wall time while "
                 f"requests run: the serving loop on the host, not the device, sets the pace",
                 tuple(evidence),
                 (checklist.OVERLAP, checklist.COMPILE, checklist.BATCHING),
@@ -58,6 +69,20 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
     if not judged:
         raise NotAssessed("no requests ran while the busy ratio was measured")
     return findings
+
+
+def _why_no_busy_ratio(source: Source) -> str:
+    """Why there is no busy ratio to judge: the reasons the instrumentation gave, else the likely cause."""
+    reasons = sorted({dict(group).get("reason", "") for group in source.series(BUSY_UNAVAILABLE)})
+    if reasons:
+        return (
+            f"no {names.LLM_GPU_BUSY_RATIO}: NVML cannot measure the serving process's share of its GPU "
+            f"({names.LLM_GPU_BUSY_UNAVAILABLE}: {', '.join(reasons)})"
+        )
+    return (
+        f"no {names.LLM_GPU_BUSY_RATIO} in the window: no instrumented process on a GPU is scraped (a model "
+        "on the CPU has none)"
+    )
 
 
 def _process_cpu_evidence(source: Source, on_host: str) -> list[Evidence]:

@@ -5,15 +5,17 @@ a real inferwatch-exporter, and a real Alertmanager routing to a webhook this te
   returns at least one series, every rule evaluates without error, and every selector of every alert
   finds series: a typo in a metric name, a label value or a join fails here;
 * one alert end to end: rendered through the configuration with a tiny threshold and `for:`, driven by a
-  host-bound demo (a sleep in every decode step), delivered by Alertmanager to the webhook with its
-  labels, then resolved by a healthy demo in its place;
+  host-bound serving process on a GPU, delivered by Alertmanager to the webhook with its labels, then
+  resolved once the process keeps its GPU busy;
 * the configuration rendering refuses bad input.
 
 The machine has no GPU: the exporter runs over the fault-injecting NVML stand-in the exporter's own tests
 use (tests/unit/exporter/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
 series is real exporter output. The series docs/metrics.md marks *CUDA only* (torch's CUDA allocator)
 cannot exist on a CPU demo, nor the blocks of a paged KV cache (continuous batching) on a demo that serves
-through generate; expressions that read them are listed and must still parse.
+through generate; expressions that read them are listed and must still parse. The GPU busy ratio, CUDA
+only too, comes from a second serving target: the endpoint of a serving process on a GPU
+(tests/support/gpu_serving.py), whose series are the ones an instrumented process on the H200 showed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import yaml
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 
-from tests.support import METRICS_DOC, REPO_ROOT, free_port
+from tests.support import METRICS_DOC, REPO_ROOT
+from tests.support.gpu_serving import GPU_BOUND_BUSY, GpuServing, gpu_serving
 from tests.support.services import (
     Alertmanager,
     Prometheus,
@@ -62,13 +65,14 @@ EVENT_ONLY = {"llm_instrumentation_errors_total": "the instrumentation caught no
 # Series of a paged KV cache, which only continuous batching has: the demo serves through generate.
 PAGED_CACHE_ONLY = {"llm_kv_cache_blocks": "only continuous batching has a paged KV cache"}
 
-# The alert driven end to end, with thresholds a tiny CPU model crosses within seconds. A 50 ms sleep in
-# every decode step leaves tiny-llama's kernels busy well under 40% of the time; without it, most.
+# The alert driven end to end, with a `for:` and a window a test can wait out: the GPU serving target runs
+# its GPU 11 % of the time (host-bound), then 95 %.
 HOST_BOUND = "InferwatchHostBound"
 HOST_BOUND_CONFIG = {"busy_ratio_below": 0.4, "for": "3s", "window": "10s", "requests_running_above": 0.5}
-STEP_SLEEP_SECONDS = 0.05
+# CUDA-only series that the GPU serving target has.
+GPU_SERVED = {"llm_gpu_busy_ratio"}
 DEMO_ENV = {
-    # Busy ratio and utilization windows of one second instead of five, so the alert moves quickly.
+    # Forward-time and utilization windows of one second instead of five.
     "INFERWATCH_POLL_INTERVAL_SECONDS": "1",
     # A CPU has no NVML-reported peaks; made-up ones make the utilization series exist.
     "INFERWATCH_PEAK_MEMORY_BANDWIDTH_BYTES_PER_SECOND": "2e10",
@@ -85,22 +89,13 @@ def cuda_only_metrics() -> set[str]:
 
 @dataclass
 class Stack:
-    """The running services, and a way to replace the demo by one that behaves differently."""
+    """The running services."""
 
     prometheus: Prometheus
     alertmanager: Alertmanager
     webhook: WebhookReceiver
     exporter: tuple[RunningProcess, str]
-    demo_port: int
-    workdir: Path
-    demos: ExitStack
-
-    def replace_demo(self, step_sleep: float) -> None:
-        """Stop the demo and start another on the same port (the same scrape target)."""
-        self.demos.close()
-        self.demos.enter_context(
-            start_demo(self.demo_port, **DEMO_ARGS, step_sleep=step_sleep, env=DEMO_ENV, workdir=self.workdir)
-        )
+    gpu_serving: GpuServing
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +109,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "FAKE_NVML_CONTROL": str(workdir / "nvml-control.jsonl"),
         "PYTHONPATH": str(REPO_ROOT),
     }
-    demo_port = free_port()
-    with ExitStack() as services, ExitStack() as demos:
+    with ExitStack() as services:
         webhook = services.enter_context(start_webhook_receiver())
         alertmanager = services.enter_context(
             start_alertmanager(webhook.url, workdir=workdir / "alertmanager")
         )
-        demo, demo_address = demos.enter_context(
-            start_demo(demo_port, **DEMO_ARGS, step_sleep=STEP_SLEEP_SECONDS, env=DEMO_ENV, workdir=workdir)
-        )
+        demo, demo_address = services.enter_context(start_demo(**DEMO_ARGS, env=DEMO_ENV, workdir=workdir))
+        on_gpu = services.enter_context(gpu_serving(MODEL))
         pid_file = workdir / "demo.pid"
         pid_file.write_text(str(demo.popen.pid))
         exporter = services.enter_context(
@@ -145,14 +138,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         (workdir / "nvml-control.jsonl").write_text("".join(json.dumps(f) + "\n" for f in faults))
         prometheus = services.enter_context(
             start_prometheus(
-                {SERVING_JOB: [demo_address], EXPORTER_JOB: [exporter[1]]},
+                {SERVING_JOB: [demo_address, on_gpu.address], EXPORTER_JOB: [exporter[1]]},
                 [rules],
                 alertmanager=alertmanager.address,
                 workdir=workdir / "prometheus",
             )
         )
         prometheus.wait_for_targets_up(60)
-        yield Stack(prometheus, alertmanager, webhook, exporter, demo_port, workdir, demos)
+        yield Stack(prometheus, alertmanager, webhook, exporter, on_gpu)
 
 
 def substitute(expr: str) -> str:
@@ -174,7 +167,7 @@ def dashboard_expressions() -> list[tuple[str, str]]:
 def cannot_have_data(expr: str) -> str | None:
     """Why ``expr`` cannot return data on this machine, or None when it must."""
     names = metric_names(expr)
-    cuda = names & cuda_only_metrics()
+    cuda = names & cuda_only_metrics() - GPU_SERVED
     if cuda:
         return f"CUDA only: {', '.join(sorted(cuda))}"
     events = {name for name in names if name in EVENT_ONLY}
@@ -262,24 +255,28 @@ def test_every_series_the_alerts_select_exists(stack: Stack) -> None:
 
 def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) -> None:
     firing = stack.webhook.wait_for_alert(HOST_BOUND, "firing", timeout=90)
+    # Only the process on the GPU: the CPU demo has no busy ratio to be low.
     assert firing["labels"] == {
         "alertname": HOST_BOUND,
         "severity": "warning",
         "job": SERVING_JOB,
-        "instance": f"127.0.0.1:{stack.demo_port}",
+        "instance": stack.gpu_serving.address,
         "model": MODEL,
-        "device": "cpu",
+        "device": "cuda:0",
+        "source": "process",
     }
     assert firing["annotations"]["runbook_url"].endswith("#inferwatchhostbound")
-    assert f"model {MODEL} on 127.0.0.1:{stack.demo_port}" in firing["annotations"]["summary"]
+    assert f"model {MODEL} on {stack.gpu_serving.address}" in firing["annotations"]["summary"]
+    assert "11%" in firing["annotations"]["summary"]
     assert "threshold 40%" in firing["annotations"]["description"]
+    assert "process utilization" in firing["annotations"]["description"]
 
     before = len(stack.webhook.received())
-    stack.replace_demo(step_sleep=0.0)
+    stack.gpu_serving.set_busy(GPU_BOUND_BUSY, forward_time=0.97)
     resolved = stack.webhook.wait_for_alert(HOST_BOUND, "resolved", timeout=90, since=before)
     assert resolved["labels"] == firing["labels"]
-    # The healthy demo in its place keeps its device busy above the threshold, and after longer than the
-    # alert's window and `for:` the alert is neither pending nor firing.
+    # The process keeps its GPU busy above the threshold now, and after longer than the alert's window
+    # and `for:` the alert is neither pending nor firing.
     busy = f'llm_gpu_busy_ratio{{job="{SERVING_JOB}", model="{MODEL}"}}'
     stack.prometheus.wait_for_series(f"min_over_time({busy}[15s]) >= 0.4 and {busy} offset 15s")
     assert not stack.prometheus.query(f'ALERTS{{alertname="{HOST_BOUND}"}}')

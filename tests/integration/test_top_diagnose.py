@@ -1,5 +1,10 @@
-"""``inferwatch top`` and ``inferwatch diagnose`` against real processes: instrumented demos, an exporter
-over the NVML stand-in (three fake GPUs, one throttle reason active), and real Prometheus servers."""
+"""``inferwatch top`` and ``inferwatch diagnose`` against real processes: an instrumented demo, an exporter
+over the NVML stand-in (three fake GPUs, one throttle reason active), and real Prometheus servers.
+
+The demo's model runs on the CPU, which has no busy ratio (docs/metrics.md): the host-bound diagnosis is
+judged on the endpoint of a serving process on a GPU (tests/support/gpu_serving.py), with the busy ratio
+an eager decode loop showed on the H200.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from inferwatch.monitor.expr import Quantile, Rate, Selector
 from inferwatch.monitor.scrape import EndpointScrape, Sample, Snapshot, labels_of
 
 from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
+from tests.support.gpu_serving import GpuServing, gpu_serving
 from tests.support.services import (
     Prometheus,
     RunningProcess,
@@ -37,9 +43,9 @@ EXPORTER_FLAGS = ["--collector.interval=200ms", "--collector.timeout=2s"]
 # One poll at start and none during the module: the exporter serves the same text to top and to the test,
 # so top's figures can be compared with the scraped ones exactly.
 FROZEN_EXPORTER_FLAGS = ["--collector.interval=1h", "--collector.timeout=10s"]
-# A host-side sleep per decode step far longer than a tiny model's step: the loop is host-bound.
-STEP_SLEEP_SECONDS = 0.02
 DEMO_ARGS = {"model": "tiny-llama", "duration": 300.0, "max_new_tokens": 16}
+# On a GPU: a host-side sleep per decode step far longer than a tiny model's step keeps the GPU idle.
+STEP_SLEEP_SECONDS = 0.02
 
 
 def inferwatch(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -63,11 +69,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningProc
 
 
 @pytest.fixture(scope="module")
-def host_bound_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningProcess, str]]:
-    with start_demo(
-        **DEMO_ARGS, step_sleep=STEP_SLEEP_SECONDS, workdir=tmp_path_factory.mktemp("host-bound-demo")
-    ) as running:
-        yield running
+def host_bound() -> Iterator[GpuServing]:
+    """A serving process on a GPU whose decode loop is host-bound."""
+    with gpu_serving("tiny-llama") as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +152,7 @@ def test_top_once_shows_the_exporters_numbers(
     assert (model["instance"], model["model"], model["device"]) == (demo_address, "tiny-llama", "cpu")
     assert model["ttft_p50_seconds"] <= model["ttft_p99_seconds"]
     assert model["itl_p50_seconds"] <= model["itl_p99_seconds"]
-    assert 0 <= model["busy_ratio"] <= 1
+    assert model["busy_ratio"] is None  # a model on the CPU: no GPU to be busy
     (process,) = frame["processes"]
     pid = str(demo_proc.popen.pid)
     assert process["pid"] == pid
@@ -192,22 +197,20 @@ def test_top_once_tokens_per_second_is_the_counter_difference(demo: tuple[Runnin
 
 @pytest.fixture(scope="module")
 def prometheus_servers(
-    demo: tuple[RunningProcess, str],
-    host_bound_demo: tuple[RunningProcess, str],
-    tmp_path_factory: pytest.TempPathFactory,
+    demo: tuple[RunningProcess, str], host_bound: GpuServing, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Prometheus]]:
-    """One Prometheus per demo, started together so that their histories fill at the same time, and only
-    once both demos serve: their start-up (importing torch, building and warming up the model) is a burst
-    of CPU that must not be in the histories the diagnoses judge."""
+    """One Prometheus per serving process, started together so that their histories fill at the same
+    time, and only once the demo serves: its start-up (importing torch, building and warming up the model)
+    is a burst of CPU that must not be in the histories the diagnoses judge."""
     wait_for_traffic(demo[1])
-    wait_for_traffic(host_bound_demo[1], minimum_tokens=10)
+    wait_for_traffic(host_bound.address, minimum_tokens=10)
     with (
         start_prometheus({"demo": [demo[1]]}, workdir=tmp_path_factory.mktemp("prom-healthy")) as healthy,
         start_prometheus(
-            {"demo": [host_bound_demo[1]]}, workdir=tmp_path_factory.mktemp("prom-host-bound")
-        ) as host_bound,
+            {"demo": [host_bound.address]}, workdir=tmp_path_factory.mktemp("prom-host-bound")
+        ) as host_bound_prometheus,
     ):
-        yield {"healthy": healthy, "host-bound": host_bound}
+        yield {"healthy": healthy, "host-bound": host_bound_prometheus}
 
 
 @pytest.fixture
@@ -252,35 +255,36 @@ def test_diagnose_finds_nothing_alarming_in_a_healthy_demo(prometheus_healthy: P
     assert code == 0, report["findings"]
     assert report["alarming"] is False
     assert [f for f in report["findings"] if f["severity"] != "info"] == []
-    assert "host-bound" in report["passed"]
+    # A model on the CPU has no GPU busy ratio: the check says so rather than judge the host by it.
+    assert "host-bound" in report["not_assessed"], report
+    assert "on the CPU" in report["not_assessed"]["host-bound"]
     assert "fluctuation" in report["passed"]  # judged steady, not left unassessed
 
 
-def test_diagnose_reports_a_host_bound_demo(
-    prometheus_host_bound: Prometheus, host_bound_demo: tuple[RunningProcess, str]
+def test_diagnose_reports_a_host_bound_gpu_process(
+    prometheus_host_bound: Prometheus, host_bound: GpuServing
 ) -> None:
     wait_for_history(prometheus_host_bound, HISTORY_SECONDS)
     code, report, _ = diagnose_prometheus(prometheus_host_bound)
     assert code == 1
-    host_bound = [f for f in report["findings"] if f["check"] == "host-bound"]
-    assert [f["subject"] for f in host_bound] == [f"model tiny-llama on {host_bound_demo[1]}"]
-    busy = host_bound[0]["evidence"][0]
+    findings = [f for f in report["findings"] if f["check"] == "host-bound"]
+    assert [f["subject"] for f in findings] == [f"model tiny-llama on {host_bound.address}"]
+    busy, _, forwards = findings[0]["evidence"][:3]
     assert busy["query"] == "avg by (instance, model) (llm_gpu_busy_ratio)"
-    assert float(busy["value"].rstrip("%")) < 50
+    assert busy["value"] == "11%"
+    assert forwards["query"] == "avg by (instance, model) (llm_forward_time_ratio)"
+    assert forwards["value"] == "90%"
 
 
-def test_diagnose_on_live_endpoints(
-    host_bound_demo: tuple[RunningProcess, str], exporter: tuple[RunningProcess, str]
-) -> None:
-    wait_for_traffic(host_bound_demo[1], minimum_tokens=10)
+def test_diagnose_on_live_endpoints(host_bound: GpuServing, exporter: tuple[RunningProcess, str]) -> None:
     result = inferwatch(
-        "diagnose", "--endpoint", host_bound_demo[1], "--endpoint", exporter[1], "--samples", "4",
+        "diagnose", "--endpoint", host_bound.address, "--endpoint", exporter[1], "--samples", "4",
         "--interval", "1", "--json",
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     found = {(f["check"], f["subject"]) for f in report["findings"]}
-    assert ("host-bound", f"model tiny-llama on {host_bound_demo[1]}") in found
+    assert ("host-bound", f"model tiny-llama on {host_bound.address}") in found
     # The stand-in holds every GPU at its software power cap.
     for gpu in ("0", "1", "2"):
         assert ("throttling", f"GPU {gpu} on {exporter[1]}") in found

@@ -33,10 +33,10 @@ def test_model_poller_turns_a_window_into_ratios(registry) -> None:
     assert metric(
         registry, "llm_decode_bandwidth_utilization_ratio", model="m", device="cpu"
     ) == pytest.approx(0.2)
-    busy = metric(registry, "llm_gpu_busy_ratio", model="m", device="cpu")
-    assert 0 < busy < 0.006 / 0.01
-    poller.poll()  # an idle window: busy drops, the last known utilizations stay
-    assert metric(registry, "llm_gpu_busy_ratio", model="m", device="cpu") == 0
+    forward_time = metric(registry, "llm_forward_time_ratio", model="m", device="cpu")
+    assert 0 < forward_time < 0.006 / 0.01
+    poller.poll()  # an idle window: forward time drops, the last known utilizations stay
+    assert metric(registry, "llm_forward_time_ratio", model="m", device="cpu") == 0
     assert metric(registry, "llm_prefill_flops_utilization_ratio", model="m", device="cpu") == pytest.approx(
         0.5
     )
@@ -54,23 +54,25 @@ def test_unknown_peaks_leave_the_ratios_absent(llama, registry, instrumented) ->
         headroom = metric(registry, "llm_kv_cache_headroom_tokens", model="m")
     per_token = metric(registry, "llm_kv_cache_bytes_per_token", model="m")
     assert headroom and per_token and headroom * per_token > 1e6  # host memory available, in tokens
-    assert metric(registry, "llm_gpu_busy_ratio", model="m", device="cpu") is not None
+    assert metric(registry, "llm_forward_time_ratio", model="m", device="cpu") is not None
     text = scrape(registry)
+    # No GPU, no GPU busy ratio: not a stand-in figure, not a reason series either.
+    assert "llm_gpu_busy_ratio{" not in text and "llm_gpu_busy_unavailable{" not in text
     assert "llm_decode_bandwidth_utilization_ratio{" not in text
     assert "llm_prefill_flops_utilization_ratio{" not in text
     assert "llm_nvml_" not in text.replace("# HELP llm_nvml_", "").replace("# TYPE llm_nvml_", "")
 
 
-def test_busy_ratio_sees_the_forwards(llama, registry, instrumented) -> None:
+def test_forward_time_ratio_sees_the_forwards(llama, registry, instrumented) -> None:
     handle = instrumented(llama, model_name="m", config=InstrumentConfig(poll_interval_seconds=0.1))
     ids, mask = batch_of("busy")
     deadline = time.monotonic() + 10
-    busy = 0.0
-    while time.monotonic() < deadline and not busy:
+    forward_time = 0.0
+    while time.monotonic() < deadline and not forward_time:
         llama.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
-        busy = metric(registry, "llm_gpu_busy_ratio", model="m", device="cpu") or 0.0
+        forward_time = metric(registry, "llm_forward_time_ratio", model="m", device="cpu") or 0.0
     assert handle.flush()
-    assert 0 < busy <= 1
+    assert 0 < forward_time <= 1
 
 
 class FaultyNvml:

@@ -1,0 +1,173 @@
+"""How much of the wall time the GPU ran this serving process's kernels, from the driver.
+
+The spans of a model's forward passes on its stream are no such measure: on a host-bound step the device
+reaches the end mark as soon as the host has launched the last kernel, so the span is the host's launch
+time (an eager 1B decode on an H200: spans covering 85-100 % of the wall time while the profiler's kernel
+intervals cover 5 %). The driver knows when kernels ran. Which of its figures is this process's:
+
+* the GPU lists exactly one compute process: that process is this one (it holds a context on the GPU),
+  whatever PID the driver knows it by (NVML reports PIDs of the host's PID namespace, not a container's).
+  The GPU's own utilization is then this process's, ``source="device"``: the mean of NVML's utilization
+  samples since the last poll;
+* the GPU lists several, one of them under this process's PID (its own, or one of its ``NSpid`` entries
+  where ``/proc`` shows the outer namespaces): NVML's per-process utilization of this process,
+  ``source="process"``. NVML answers it as the process's share of the time since the timestamp asked for
+  (measured: a 1 s-on, 1.5 s-off load read 38 % over 5 s), so each poll asks from the previous one;
+* otherwise nothing is reported (several processes and none of them known as this one, none listed at
+  all, neither figure supported, no NVML) and ``llm_gpu_busy_unavailable`` says why: the whole GPU's figure
+  would count the neighbours' kernels, and a busy ratio that reads high hides a host-bound model.
+
+The device's figure comes first where both are this process's: it is the nearer to the profiler's union of
+kernel intervals (H200, docs/benchmarks.md: eager decode 0.09-0.11 against per-process 0.11-0.14, truth
+0.06; compiled decode 0.26 against 0.38, truth 0.21). Both are shares of NVML's sample periods in which a
+kernel ran, not of kernel time: a period with a few tiny kernels reads partly busy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+#: ``llm_gpu_busy_unavailable{reason}`` values.
+NVML_DISABLED = "nvml_disabled"
+NVML_UNAVAILABLE = "nvml_unavailable"
+NOT_SUPPORTED = "not_supported"
+PROCESS_NOT_VISIBLE = "process_not_visible"
+PROCESS_AMBIGUOUS = "process_ambiguous"
+UNAVAILABLE_REASONS = (NVML_DISABLED, NVML_UNAVAILABLE, NOT_SUPPORTED, PROCESS_NOT_VISIBLE, PROCESS_AMBIGUOUS)
+
+SOURCE_PROCESS = "process"
+SOURCE_DEVICE = "device"
+SOURCES = (SOURCE_PROCESS, SOURCE_DEVICE)
+
+# nvmlSamplingType_t: NVML_GPU_UTILIZATION_SAMPLES.
+_GPU_UTILIZATION_SAMPLES = 1
+
+
+class BusyReading(NamedTuple):
+    """The share of the last window the GPU ran this process's kernels, and where it came from."""
+
+    ratio: float
+    source: str
+
+
+def own_pids(status_path: str = "/proc/self/status") -> frozenset[int]:
+    """This process's PIDs: its own, and every ``NSpid`` entry (one per PID namespace ``/proc`` shows)."""
+    pids = {os.getpid()}
+    try:
+        with open(status_path, encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    pids.update(int(field) for field in line.split()[1:] if field.isdigit())
+                    break
+    except OSError:
+        pass
+    return frozenset(pids)
+
+
+def identify(process_pids: set[int], own: frozenset[int]) -> tuple[set[int], str | None]:
+    """Which of the GPU's compute processes are this process: (their PIDs, None), or (nothing, why not).
+
+    The only listed process is this one; among several, those listed under one of this process's PIDs."""
+    if len(process_pids) == 1:
+        return set(process_pids), None
+    mine = process_pids & own
+    if mine:
+        return mine, None
+    return set(), PROCESS_NOT_VISIBLE if not process_pids else PROCESS_AMBIGUOUS
+
+
+class BusyMeter:
+    """Reads the busy share of one GPU for this process at every poll of the NVML poller.
+
+    Keeps the timestamps of the NVML samples it has seen, so each poll reads the samples newer than the
+    previous poll's: its window is the time between two polls.
+    """
+
+    def __init__(self, nvml: Any, handle: Any, own: frozenset[int] | None = None) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        #: This process's PIDs (:func:`own_pids`).
+        self.own = own_pids() if own is None else own
+        self._last_process_us = 0
+        self._last_device_us = 0
+        self._process_supported = True
+        self._device_supported = True
+        self._device_figure: float | None = None
+
+    def read(self, process_pids: set[int]) -> BusyReading | str:
+        """The reading for a poll whose compute processes are ``process_pids``, or why there is none.
+
+        Raises what NVML raises other than "not supported" (counted by the caller, retried next poll)."""
+        pids, why = identify(process_pids, self.own)
+        if why is not None:
+            return why
+        if len(process_pids) == 1 and self._device_supported:
+            share = self._device_share()
+            if share is not None:
+                return BusyReading(share, SOURCE_DEVICE)
+        if self._process_supported:
+            share = self._process_share(pids)
+            if share is not None:
+                return BusyReading(share, SOURCE_PROCESS)
+        return NOT_SUPPORTED
+
+    def _unsupported(self, exc: Exception) -> bool:
+        return getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", object())
+
+    def _no_samples(self, exc: Exception) -> bool:
+        # NOT_FOUND: no sample newer than the timestamp; pynvml raises one carrying SUCCESS when the
+        # driver's buffer is empty.
+        nvml = self._nvml
+        quiet = (getattr(nvml, "NVML_ERROR_NOT_FOUND", object()), getattr(nvml, "NVML_SUCCESS", 0))
+        return getattr(exc, "value", None) in quiet
+
+    def _device_share(self) -> float | None:
+        """Mean of the GPU's utilization samples (one every 200 ms on an H200) since the last poll; the last
+        poll's figure while none is new, None where the GPU keeps none."""
+        try:
+            value_type, samples = self._nvml.nvmlDeviceGetSamples(
+                self._handle, _GPU_UTILIZATION_SAMPLES, self._last_device_us
+            )
+        except Exception as exc:
+            if self._unsupported(exc):
+                self._device_supported = False
+                return None
+            if not self._no_samples(exc):
+                raise
+            samples = []
+        fresh = [s for s in samples if s.timeStamp > self._last_device_us]
+        if fresh:
+            self._last_device_us = max(s.timeStamp for s in fresh)
+            self._device_figure = (
+                sum(_sample_value(value_type, s.sampleValue) for s in fresh) / len(fresh) / 100
+            )
+        return self._device_figure
+
+    def _process_share(self, pids: set[int]) -> float | None:
+        """The share of the time since the last poll that kernels of ``pids`` ran; None where the driver
+        cannot tell processes apart."""
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, self._last_process_us)
+        except Exception as exc:
+            if self._unsupported(exc):
+                self._process_supported = False
+                return None
+            if not self._no_samples(exc):
+                raise
+            samples = []  # no process ran a kernel since then
+        fresh = [s for s in samples if s.timeStamp > self._last_process_us]
+        if fresh:
+            self._last_process_us = max(s.timeStamp for s in fresh)
+        # One sample per process, its share since the timestamp asked for; the latest where there are more.
+        latest: dict[int, Any] = {}
+        for sample in fresh:
+            if sample.pid in pids and sample.timeStamp >= getattr(latest.get(sample.pid), "timeStamp", 0):
+                latest[sample.pid] = sample
+        return min(1.0, sum(s.smUtil for s in latest.values()) / 100)
+
+
+def _sample_value(value_type: int, value: Any) -> float:
+    """The number inside an ``nvmlValue_t`` union (0..3: double, uint, ulong, ulonglong)."""
+    member = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal")[value_type]
+    return float(getattr(value, member))
