@@ -70,6 +70,7 @@ def write_serve_model(
     kv_heads: int = 2,
     device: str = "cpu",
     dtype: str = "float32",
+    max_positions: int = 4096,
 ) -> Path:
     """Write the model, its generation config and its tokenizer into ``directory``; return it.
 
@@ -78,7 +79,7 @@ def write_serve_model(
     sets the weight of the model (2 MLPs of ``3 * hidden_size * intermediate_size`` parameters) at almost
     no cost per token: a memory-leak test needs a model whose leaked copies show in the process's RSS.
     ``layers``/``heads``/``kv_heads``, ``device`` (where the weights are made) and ``dtype`` (how they are
-    saved) build larger models for the GPU benchmark.
+    saved) build larger models for the GPU benchmark; ``max_positions`` bounds a request's length.
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -92,7 +93,7 @@ def write_serve_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
         pad_token_id=ids[PAD],

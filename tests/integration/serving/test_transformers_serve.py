@@ -14,6 +14,7 @@ running ``model.generate`` with a ``DirectStreamer``), on a small random-weight 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -43,6 +45,11 @@ RELATIVE_TOLERANCE = 0.10
 ABSOLUTE_TOLERANCE = 0.05
 #: Tokens per request of the timing tests: long enough that decode dominates, short on a loaded 2-core box.
 MAX_TOKENS = 24
+#: The long generation whose tokens/s is read while it runs, and the windows ``inferwatch top`` reads it in.
+LONG_GENERATION_SECONDS = 60.0
+TOP_WINDOW_SECONDS = 15.0
+#: Positions of the model the module's server serves: room for a minute of tokens on a fast machine.
+MAX_POSITIONS = 32768
 
 
 @dataclass
@@ -122,7 +129,7 @@ def serve(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for the module, its model forced (loaded at start, never unloaded)."""
     workdir = tmp_path_factory.mktemp("transformers-serve")
-    model_dir = write_serve_model(workdir / "model")
+    model_dir = write_serve_model(workdir / "model", max_positions=MAX_POSITIONS)
     with serve(workdir, model_dir, force_model=True, model_timeout=600, name="serve") as running:
         yield running
 
@@ -289,6 +296,68 @@ def test_continuous_batching_requests_match_what_the_clients_see(batching_server
     assert value(after, "llm_requests_waiting") == 0
     assert value(after, "llm_step_tokens_count", kind="decode") > 0
     assert value(after, "llm_step_tokens_count", kind="prefill") > 0
+
+
+def top_tokens_per_second(server: Server) -> tuple[float, float]:
+    """``inferwatch top --once --json``'s tok/s for the model, and when its window ended: its second
+    scrape, made right before it prints and exits."""
+    command = [*INFERWATCH, "top", "--once", "--json", "--window", str(TOP_WINDOW_SECONDS)]
+    result = subprocess.run([*command, server.metrics_url], capture_output=True, text=True, timeout=60)
+    ended = time.perf_counter()
+    assert result.returncode == 0, result.stderr
+    (model,) = json.loads(result.stdout)["models"]
+    return model["tokens_per_second"], ended
+
+
+def test_tokens_per_second_while_one_long_request_runs(server: Server) -> None:
+    # A minute of tokens in one streaming request: `top` reads the live rate of the counter twice while it
+    # runs, as a user watching a long generation does, and it must be what the client receives, not 0
+    # until the request ends. At the end the counters equal the server's `usage`.
+    client = server.client()
+    probe = stream_chat(client, server.model, "how fast are you", max_tokens=64)
+    rate = probe.content_chunks / (probe.total - probe.time_to_first_chunk)
+    max_tokens = min(int(LONG_GENERATION_SECONDS * rate), MAX_POSITIONS - 200)
+    before = server.metrics()
+    arrivals: list[float] = []
+    outcome: dict[str, Any] = {}
+
+    def generate() -> None:
+        stream = client.chat.completions.create(
+            model=server.model,
+            messages=[{"role": "user", "content": "a long story, please"}],
+            max_tokens=max_tokens,
+            stream=True,
+        )
+        usage = None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.perf_counter())
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert usage is not None, "no usage in the stream"
+        outcome["usage"] = usage
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    readings = []
+    try:
+        for share in (0.2, 0.55):  # two windows of the minute
+            wait_until(lambda s=share: len(arrivals) >= s * max_tokens, 120, f"{share:.0%} of the tokens")
+            readings.append(top_tokens_per_second(server))
+    finally:
+        worker.join(timeout=300)
+    assert "usage" in outcome, server.logs()
+    for top_rate, end in readings:
+        # The client's rate over top's window: the chunks received in the seconds before its second scrape.
+        received = sum(1 for at in arrivals if end - TOP_WINDOW_SECONDS <= at < end)
+        client_rate = received / TOP_WINDOW_SECONDS
+        print(f"\ntop {top_rate:.1f} tok/s, client {client_rate:.1f} tok/s (request of {max_tokens} tokens)")
+        assert abs(top_rate - client_rate) <= 0.10 * client_rate, (top_rate, client_rate, server.logs())
+    after = metrics_after(server, before, "llm_requests_total", 1)
+    usage = outcome["usage"]
+    assert usage.completion_tokens == len(arrivals)
+    assert delta(before, after, "llm_generation_tokens_total") == usage.completion_tokens
+    assert delta(before, after, "llm_prompt_tokens_total") == usage.prompt_tokens
 
 
 def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> None:
