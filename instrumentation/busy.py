@@ -5,14 +5,17 @@ reaches the end mark as soon as the host has launched the last kernel, so the sp
 time (an eager 1B decode on an H200: spans covering 85-100 % of the wall time while the profiler's kernel
 intervals cover 5 %). The driver knows when kernels ran. Which of its figures is this process's:
 
-* the GPU lists exactly one compute process: that process is this one (it holds a context on the GPU),
-  whatever PID the driver knows it by (NVML reports PIDs of the host's PID namespace, not a container's).
-  The GPU's own utilization is then this process's, ``source="device"``: the mean of NVML's utilization
-  samples since the last poll;
-* the GPU lists several, one of them under this process's PID (its own, or one of its ``NSpid`` entries
+* the GPU lists exactly one compute process and the listing holds every process on the GPU (this
+  process is in the host's PID namespace, or the driver lists host PIDs, under which this process is not
+  found by its own): that process is this one (it holds a context on the GPU), and the GPU's own
+  utilization is this process's, ``source="device"``: the mean of NVML's utilization samples since the
+  last poll;
+* otherwise, where the GPU lists this process under its PID (its own, or one of its ``NSpid`` entries
   where ``/proc`` shows the outer namespaces): NVML's per-process utilization of this process,
-  ``source="process"``. NVML answers it as the process's share of the time since the timestamp asked for
-  (measured: a 1 s-on, 1.5 s-off load read 38 % over 5 s), so each poll asks from the previous one;
+  ``source="process"``. That includes a container's PID namespace, where the driver lists the
+  namespace's processes only, under their PIDs there, and hides the others: the GPU's figure would count
+  them. NVML answers the per-process figure as the process's share of the time since the timestamp asked
+  for (measured: a 1 s-on, 1.5 s-off load read 38 % over 5 s), so each poll asks from the previous one;
 * otherwise nothing is reported (several processes and none of them known as this one, none listed at
   all, neither figure supported, no NVML) and ``llm_gpu_busy_unavailable`` says why: the whole GPU's figure
   would count the neighbours' kernels, and a busy ratio that reads high hides a host-bound model.
@@ -35,6 +38,9 @@ NOT_SUPPORTED = "not_supported"
 PROCESS_NOT_VISIBLE = "process_not_visible"
 PROCESS_AMBIGUOUS = "process_ambiguous"
 UNAVAILABLE_REASONS = (NVML_DISABLED, NVML_UNAVAILABLE, NOT_SUPPORTED, PROCESS_NOT_VISIBLE, PROCESS_AMBIGUOUS)
+
+#: The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO).
+_INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 
 SOURCE_PROCESS = "process"
 SOURCE_DEVICE = "device"
@@ -65,6 +71,14 @@ def own_pids(status_path: str = "/proc/self/status") -> frozenset[int]:
     return frozenset(pids)
 
 
+def in_initial_pid_namespace(path: str = "/proc/self/ns/pid") -> bool:
+    """Whether this process sees the host's PIDs (False in a container's PID namespace, or unknown)."""
+    try:
+        return os.stat(path).st_ino == _INITIAL_PID_NAMESPACE_INODE
+    except OSError:
+        return False
+
+
 def identify(process_pids: set[int], own: frozenset[int]) -> tuple[set[int], str | None]:
     """Which of the GPU's compute processes are this process: (their PIDs, None), or (nothing, why not).
 
@@ -84,11 +98,20 @@ class BusyMeter:
     previous poll's: its window is the time between two polls.
     """
 
-    def __init__(self, nvml: Any, handle: Any, own: frozenset[int] | None = None) -> None:
+    def __init__(
+        self,
+        nvml: Any,
+        handle: Any,
+        own: frozenset[int] | None = None,
+        initial_namespace: bool | None = None,
+    ) -> None:
         self._nvml = nvml
         self._handle = handle
-        #: This process's PIDs (:func:`own_pids`).
+        #: This process's PIDs (:func:`own_pids`), and whether they are the host's.
         self.own = own_pids() if own is None else own
+        self.initial_namespace = (
+            in_initial_pid_namespace() if initial_namespace is None else initial_namespace
+        )
         self._last_process_us = 0
         self._last_device_us = 0
         self._process_supported = True
@@ -102,7 +125,7 @@ class BusyMeter:
         pids, why = identify(process_pids, self.own)
         if why is not None:
             return why
-        if len(process_pids) == 1 and self._device_supported:
+        if len(process_pids) == 1 and self._device_supported and self._lists_every_process(process_pids):
             share = self._device_share()
             if share is not None:
                 return BusyReading(share, SOURCE_DEVICE)
@@ -111,6 +134,14 @@ class BusyMeter:
             if share is not None:
                 return BusyReading(share, SOURCE_PROCESS)
         return NOT_SUPPORTED
+
+    def _lists_every_process(self, process_pids: set[int]) -> bool:
+        """Whether a listing can be taken to hold every process on the GPU. In a PID namespace the driver
+        lists only the namespace's processes, under their PIDs there (measured on the H200: a process in
+        its own namespace was listed alone, as PID 1, beside a busy one outside), so the GPU's figure
+        would count processes this one cannot see; a listing under host PIDs, as the initial namespace
+        or a driver that does not translate PIDs gives, holds them all."""
+        return self.initial_namespace or not process_pids & self.own
 
     def _unsupported(self, exc: Exception) -> bool:
         return getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", object())
@@ -156,15 +187,18 @@ class BusyMeter:
             if not self._no_samples(exc):
                 raise
             samples = []  # no process ran a kernel since then
-        fresh = [s for s in samples if s.timeStamp > self._last_process_us]
-        if fresh:
-            self._last_process_us = max(s.timeStamp for s in fresh)
         # One sample per process, its share since the timestamp asked for; the latest where there are more.
+        # Each process's sample has its own timestamp (a busy neighbour's is often the later): the next
+        # poll asks from this process's, or it would filter its own newer share out.
         latest: dict[int, Any] = {}
-        for sample in fresh:
-            if sample.pid in pids and sample.timeStamp >= getattr(latest.get(sample.pid), "timeStamp", 0):
+        for sample in samples:
+            if sample.pid in pids and sample.timeStamp > getattr(latest.get(sample.pid), "timeStamp", 0):
                 latest[sample.pid] = sample
-        return min(1.0, sum(s.smUtil for s in latest.values()) / 100)
+        mine = [s for s in latest.values() if s.timeStamp > self._last_process_us]
+        if not mine:
+            return 0.0  # no sample since the last poll: no kernel of this process ran
+        self._last_process_us = max(s.timeStamp for s in mine)
+        return min(1.0, sum(s.smUtil for s in mine) / 100)
 
 
 def _sample_value(value_type: int, value: Any) -> float:

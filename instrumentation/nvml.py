@@ -119,14 +119,18 @@ class NvmlPoller:
 
     def _read_processes(self) -> None:
         """This process's memory and busy share, from the GPU's compute processes."""
-        self.busy = None  # until this poll has read it: never a reading of the past
-        processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-        listed = {process.pid for process in processes}
-        mine, _ = busy.identify(listed, self._meter.own)
-        used = [p.usedGpuMemory for p in processes if p.pid in mine and p.usedGpuMemory is not None]
-        if used:
-            self._set(cat.NVML_PROCESS_MEMORY, sum(used))
-        reading = self._meter.read(listed)
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+            listed = {process.pid for process in processes}
+            mine, _ = busy.identify(listed, self._meter.own)
+            used = [p.usedGpuMemory for p in processes if p.pid in mine and p.usedGpuMemory is not None]
+            if used:
+                self._set(cat.NVML_PROCESS_MEMORY, sum(used))
+            reading = self._meter.read(listed)
+        except Exception:
+            self.busy = None  # never a reading of the past
+            raise
+        # One assignment: the model pollers read it from their own thread, at the same interval.
         self.busy = reading if isinstance(reading, busy.BusyReading) else None
         self._busy_unavailable(None if self.busy is not None else reading)
 

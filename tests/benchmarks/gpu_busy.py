@@ -128,18 +128,18 @@ def window(registry: CollectorRegistry, model: str) -> dict[str, Any]:
     readings: list[tuple[float, float, str | None]] = []
     forward_time: list[float] = []
     activities = [torch.profiler.ProfilerActivity.CUDA]
-    with tempfile.TemporaryDirectory() as tmp, torch.profiler.profile(activities=activities) as profile:
-        started = time.perf_counter()
-        while (now := time.perf_counter()) - started < WINDOW_SECONDS:
-            busy, source = gauge(registry, "llm_gpu_busy_ratio", model)
-            spans, _ = gauge(registry, "llm_forward_time_ratio", model)
-            # A reading covers the poll before it (and the model poller publishes up to a poll later).
-            if now - started >= 2 * POLL_SECONDS and busy is not None:
-                readings.append((now - started, busy, source))
-                forward_time.append(spans or 0.0)
-            time.sleep(0.25)
-        wall = time.perf_counter() - started
-        profile.stop()
+    with tempfile.TemporaryDirectory() as tmp:
+        with torch.profiler.profile(activities=activities) as profile:
+            started = time.perf_counter()
+            while (now := time.perf_counter()) - started < WINDOW_SECONDS:
+                busy, source = gauge(registry, "llm_gpu_busy_ratio", model)
+                spans, _ = gauge(registry, "llm_forward_time_ratio", model)
+                # A reading covers the poll before it (and the model poller publishes up to a poll later).
+                if now - started >= 2 * POLL_SECONDS and busy is not None:
+                    readings.append((now - started, busy, source))
+                    forward_time.append(spans or 0.0)
+                time.sleep(0.25)
+            wall = time.perf_counter() - started
         trace = str(Path(tmp) / "trace.json")
         profile.export_chrome_trace(trace)
         truth, kernels = kernel_busy_share(trace, wall)
@@ -298,6 +298,11 @@ def judge(results: dict[str, Any]) -> dict[str, bool]:
     for name, source in (("eager", "device"), ("eager_beside_a_neighbour", "process")):
         r = results[name]
         busy = r["busy_median"]
+        if not r["kernels"]:
+            # On the H200 the profiler recorded no kernel in the window beside the neighbour (its second
+            # session in the process, another process on the GPU): the truth is then the same workload's
+            # share measured alone just before, and the results say so.
+            r["kernel_busy_share"], r["truth"] = results["eager"]["kernel_busy_share"], "the eager window's"
         checks[f"{name}: a reading"] = busy is not None and r["sources"] == [source]
         checks[f"{name}: at most {TARGETS['eager_at_most']}"] = (
             busy is not None and busy <= TARGETS["eager_at_most"]

@@ -396,4 +396,4 @@ def test_top_and_diagnose_on_a_real_gpu(tmp_path: Path) -> None:
         report = json.loads(diagnosis.stdout)
         assert ("host-bound", f"model tiny-llama on {demo_address}") in {
             (f["check"], f["subject"]) for f in report["findings"]
-        }
+        }, (report, scrape(demo_address))

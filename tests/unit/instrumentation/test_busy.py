@@ -45,6 +45,9 @@ class Nvml:
         self.unsupported: set[str] = set()
         self.failing: set[str] = set()
         self.asked_since: list[int] = []
+        self.sample_lag_us: dict[int, int] = {}  # pid -> how much older than the last period its sample is
+        self.during_call: list[object] = []  # what `watch()` returned inside each per-process call
+        self.watch = lambda: None
 
     def advance(self, *percents: int) -> None:
         """200 ms of GPU samples pass, one per value."""
@@ -90,9 +93,13 @@ class Nvml:
     def nvmlDeviceGetProcessUtilization(self, handle: str, last_seen_us: int) -> list[SimpleNamespace]:
         self._check("process_utilization")
         self.asked_since.append(last_seen_us)
+        self.during_call.append(self.watch())
         stamp = self.now_us - 170_000  # the driver's last sample, a little before the call
-        shares = self.process_shares.items()
-        return [SimpleNamespace(pid=pid, timeStamp=stamp, smUtil=share) for pid, share in shares]
+        found = [
+            SimpleNamespace(pid=pid, timeStamp=stamp - self.sample_lag_us.get(pid, 0), smUtil=share)
+            for pid, share in self.process_shares.items()
+        ]
+        return [s for s in found if s.timeStamp > last_seen_us]
 
 
 @pytest.mark.parametrize(
@@ -138,6 +145,19 @@ def test_a_shared_gpu_reads_this_processs_own_share_since_the_last_poll() -> Non
     assert meter.read({7, PID}) == busy.BusyReading(0.0, busy.SOURCE_PROCESS)
     # Each poll asks from the timestamp of the previous poll's samples.
     assert nvml.asked_since[0] == 0 and nvml.asked_since[1] == nvml.now_us - 200_000 - 170_000
+
+
+def test_a_busy_neighbours_later_sample_does_not_hide_this_processs_own() -> None:
+    # On the H200 each process's sample has its own timestamp, a busy neighbour's the newer: asking from
+    # the newest of all would filter this process's next share out, and read it idle.
+    nvml = Nvml()
+    nvml.processes = [7, PID]
+    nvml.process_shares = {7: 98, PID: 2}
+    nvml.sample_lag_us = {PID: 300_000}  # older than the neighbour's by more than a poll
+    meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
+    for _ in range(3):
+        nvml.advance(99)
+        assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.02), busy.SOURCE_PROCESS)
 
 
 def test_a_reading_the_gpu_does_not_support_falls_back_then_gives_up() -> None:
@@ -206,6 +226,21 @@ def test_the_busy_ratio_follows_its_source_and_says_why_it_is_missing(registry) 
     assert "llm_gpu_busy_ratio{" not in scrape(registry)
 
 
+def test_the_reading_stays_published_while_the_next_is_read(registry) -> None:
+    # The model poller reads the NVML poller's figure from its own thread at the same interval: while a
+    # poll is inside NVML, the last reading stands (a gap there dropped the series on the H200).
+    nvml = Nvml()
+    device, _ = _pollers(registry, nvml)
+    nvml.processes = [7, PID]
+    nvml.process_shares = {PID: 30}
+    nvml.watch = lambda: device.busy
+    nvml.advance(50)
+    device.poll()
+    nvml.advance(50)
+    device.poll()
+    assert nvml.during_call == [None, busy.BusyReading(pytest.approx(0.3), busy.SOURCE_PROCESS)]
+
+
 def test_a_gpu_without_process_listing_says_not_supported(registry) -> None:
     nvml = Nvml()
     nvml.unsupported = {"processes"}
@@ -224,3 +259,23 @@ def test_no_nvml_says_nvml_unavailable(registry) -> None:
     device, _ = _pollers(registry, Absent())
     device.poll()
     assert metric(registry, "llm_gpu_busy_unavailable", device="cuda:0", reason="nvml_unavailable") == 1
+
+
+@pytest.mark.parametrize(("initial", "source"), [(True, busy.SOURCE_DEVICE), (False, busy.SOURCE_PROCESS)])
+def test_alone_in_a_listing_counts_as_alone_only_where_the_listing_shows_every_process(
+    initial: bool, source: str
+) -> None:
+    # In a PID namespace the driver lists the namespace's processes only (this one, as its PID there):
+    # a busy neighbour outside would be in the GPU's figure, so the process's own share is read.
+    nvml = Nvml()
+    nvml.processes = [PID]
+    nvml.process_shares = {PID: 7}
+    nvml.advance(95, 95)  # the GPU is busy: mostly a neighbour's kernels, where one hides
+    meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}), initial_namespace=initial)
+    expected = 0.95 if source == busy.SOURCE_DEVICE else 0.07
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(expected), source)
+
+
+def test_the_initial_pid_namespace_is_told_apart(tmp_path) -> None:
+    assert busy.in_initial_pid_namespace(str(tmp_path / "missing")) is False  # unknown: not assumed
+    assert isinstance(busy.in_initial_pid_namespace(), bool)
