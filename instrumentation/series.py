@@ -29,7 +29,7 @@ PHASES = ("prefill", "decode")
 #: first such step, so models served by generate alone do not show an empty one.
 MIXED_PHASE = "mixed"
 STEP_TOKEN_KINDS = ("prefill", "decode")
-KV_BLOCK_STATES = ("used", "total")
+KV_BLOCK_STATES = ("used", "prefix_cached", "total")
 
 
 @dataclass
@@ -159,24 +159,25 @@ class ModelSeries:
         view = self._paged_cache
         if view is None:
             return False
-        free = view.free_ratio()
-        if free is None:  # the batch processor and its cache are gone
+        reading = view.read()
+        if reading is None:  # the batch processor and its cache are gone
             self._paged_cache = None
             for state in KV_BLOCK_STATES:
                 drop_gauge(self.metrics[cat.KV_CACHE_BLOCKS], self.name, state)
+            drop_gauge(self.metrics[cat.KV_CACHE_CAPACITY_BYTES], self.name)
             return False
         blocks = self.metrics[cat.KV_CACHE_BLOCKS]
-        used = 1.0 - free
-        blocks.labels(self.name, "used").set(round(view.total_blocks * used))
+        blocks.labels(self.name, "used").set(round(reading.used_bytes / view.block_bytes))
+        blocks.labels(self.name, "prefix_cached").set(round(reading.prefix_cached_bytes / view.block_bytes))
         blocks.labels(self.name, "total").set(view.total_blocks)
-        self.paged_used_bytes = view.total_bytes * used
-        self.kv_bytes.set(self.paged_used_bytes)
+        self.paged_used_bytes = reading.used_bytes
+        self.kv_bytes.set(reading.used_bytes)
         self.kv_capacity.set(view.capacity_tokens)
-        self.metrics[cat.KV_CACHE_HEADROOM_TOKENS].labels(self.name).set(view.capacity_tokens * free)
-        if view.capacity_tokens:
-            self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(
-                view.total_bytes / view.capacity_tokens
-            )
+        self.metrics[cat.KV_CACHE_CAPACITY_BYTES].labels(self.name).set(view.capacity_bytes)
+        # Prefix-cached blocks are room too: transformers gives them to a request that needs it.
+        available = view.capacity_bytes - reading.used_bytes
+        self.metrics[cat.KV_CACHE_HEADROOM_TOKENS].labels(self.name).set(available // view.bytes_per_token)
+        self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(view.bytes_per_token)
         return True
 
     def observe_decode(self, tokens: int, first: float | None, last: float | None, max_gap: float) -> None:
@@ -333,6 +334,7 @@ _LIVE_GAUGES: tuple[tuple[cat.MetricSpec, str | tuple[str, ...]], ...] = (
     (cat.REQUESTS_WAITING, ()),
     (cat.KV_CACHE_BYTES, ()),
     (cat.KV_CACHE_CAPACITY_TOKENS, ()),
+    (cat.KV_CACHE_CAPACITY_BYTES, ()),
     (cat.KV_CACHE_BYTES_PER_TOKEN, ()),
     (cat.KV_CACHE_HEADROOM_TOKENS, ()),
     (cat.KV_CACHE_BLOCKS, KV_BLOCK_STATES),
