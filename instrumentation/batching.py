@@ -13,7 +13,8 @@ in transformers 5.17 and 5.24 (:data:`SUPPORTED_VERSIONS`):
   ``manager.cancel_request``: the client went away (``cancelled``);
 * ``manager._create_batch_processor``, and on each batch processor it returns:
   ``inputs_and_outputs.prepare_batch_tensors`` (which requests the step carries, how many prompt and
-  decode tokens, which of them get a token when it ends), ``model_runner.compute_batch`` (a clock mark
+  decode tokens, which of them get a token when it ends, how much of a new request's prompt the prefix
+  cache held), ``model_runner.compute_batch`` (a clock mark
   before and after the step's work, on the processor's compute stream: no synchronization),
   ``scheduler.add_waiting_request`` (a request put back in the queue after it ran is a preemption),
   ``warmup`` (its dummy steps are not counted), ``prepare_next_batch`` (nothing to schedule: the loop is
@@ -234,8 +235,12 @@ class BatchTimeline:
 
     # -- steps (the manager's thread) ------------------------------------------------------------------
 
-    def compose(self, requests_in_batch: Any) -> None:
-        """What the next step carries (``FutureRequestState``: state, has_new_token, query_length)."""
+    def compose(self, requests_in_batch: Any, prefix_sharing: bool = False) -> None:
+        """What the next step carries (``FutureRequestState``: state, has_new_token, query_length).
+
+        ``prefix_sharing``: the scheduler looked each request up in the cache's prefix cache before it
+        scheduled it for the first time; what matched is the request's past (``position_offset``: a new
+        request has none otherwise) when its first step is composed."""
         self.drain()  # the previous steps: the scheduler has read their tokens, their marks are done
         if self.warming_up:
             self._composition = None
@@ -244,6 +249,7 @@ class BatchTimeline:
         composition.sequences = len(requests_in_batch)
         token_ids, scheduled = composition.token_ids, composition.scheduled
         prefill = decode = 0
+        looked_up = hit = 0
         requests = self._requests
         with self._lock:
             for future in requests_in_batch:
@@ -267,8 +273,13 @@ class BatchTimeline:
                     self.series.running.inc()
                     if tracked.first_start is None:
                         scheduled.append(request_id)
+                        if prefix_sharing:
+                            looked_up += tracked.prompt
+                            hit += state.position_offset
         composition.prefill_tokens, composition.decode_tokens = prefill, decode
         self._composition = composition
+        if looked_up:
+            self.series.count_prefix_lookups(hit, looked_up - hit)
 
     def run_step(self, stream: Any, compute: Any, args: tuple, kwargs: dict) -> Any:
         """Run one step's ``compute(*args, **kwargs)`` between two clock marks on ``stream``."""
@@ -609,12 +620,13 @@ class BatchingHooks:
         except Exception as exc:
             view = None
             self._degrade("its paged KV cache is not read", exc)
+        prefix_sharing = view is not None and view.prefix_sharing
 
         def prepare(original: Any) -> Any:
             def prepare_batch_tensors(*args: Any, **kwargs: Any) -> Any:
                 try:
                     batch = kwargs["requests_in_batch"] if "requests_in_batch" in kwargs else args[0]
-                    timeline.compose(batch)
+                    timeline.compose(batch, prefix_sharing)
                 except Exception as exc:
                     timeline.errors.report("batching", exc)
                 return original(*args, **kwargs)

@@ -88,6 +88,8 @@ class ModelSeries:
         self._paged_cache: Any = None
         #: Bytes of the paged cache in use at the sampler's last reading: what a decode step reads of it.
         self.paged_used_bytes = 0.0
+        #: Its prefix cache's lookups, in prompt tokens: (hit, miss), bound with the first cache that shares.
+        self._prefix_tokens: tuple[Any, Any] | None = None
         # Gauges without a meaningful zero get their series on the first real value, so a model that has
         # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
         self._kv_bytes_per_token: Gauge | None = None
@@ -151,8 +153,23 @@ class ModelSeries:
                 window.prefill_flops += work
 
     def watch_paged_cache(self, view: Any) -> None:
-        """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on."""
+        """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on; a cache that
+        shares prefixes has its lookup counters from now on too (at 0 until its first lookup)."""
         self._paged_cache = view
+        if view.prefix_sharing:
+            self._prefix_lookups()
+
+    def _prefix_lookups(self) -> tuple[Any, Any]:
+        if self._prefix_tokens is None:
+            family = self.metrics[cat.KV_CACHE_PREFIX_TOKENS]
+            self._prefix_tokens = (family.labels(self.name, "hit"), family.labels(self.name, "miss"))
+        return self._prefix_tokens
+
+    def count_prefix_lookups(self, hit: int, miss: int) -> None:
+        """Prompt tokens looked up in the paged cache's prefix cache: found there (``hit``) or not."""
+        hits, misses = self._prefix_lookups()
+        hits.inc(hit)
+        misses.inc(miss)
 
     def poll_paged_cache(self) -> bool:
         """Read the paged cache into the KV gauges; False when the model has none (any more)."""

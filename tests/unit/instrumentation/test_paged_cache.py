@@ -1,5 +1,5 @@
 """The paged KV cache of continuous batching, figure by figure: bytes per token exact, the blocks running
-requests hold apart from those the prefix cache keeps, headroom and the pool in bytes.
+requests hold apart from those the prefix cache keeps, headroom, the pool in bytes, and prefix-cache hits.
 
 A real model runs transformers' own ``ContinuousBatchingManager`` on the CPU. Bytes per token are compared
 with the generate path's figure for the same model (measured from the returned cache's shapes) and with the
@@ -77,6 +77,15 @@ def paged_figures(registry: CollectorRegistry, handle: InstrumentationHandle) ->
         "blocks_prefix_cached": value("llm_kv_cache_blocks", state="prefix_cached"),
         "blocks_total": value("llm_kv_cache_blocks", state="total"),
         "headroom_tokens": value("llm_kv_cache_headroom_tokens"),
+    }
+
+
+def prefix_tokens(registry: CollectorRegistry) -> dict[str, float | None]:
+    """Prompt tokens looked up in the prefix cache, by result."""
+    name = "llm_kv_cache_prefix_tokens_total"
+    return {
+        result: registry.get_sample_value(name, {"model": MODEL, "result": result})
+        for result in ("hit", "miss")
     }
 
 
@@ -197,6 +206,7 @@ def test_running_requests_and_the_prefix_cache_hold_blocks_apart(instrumented) -
 
         # The same prompt again: its first page comes from the prefix cache, the other 44 tokens are computed.
         finished(manager.request_id_iter(manager.add_request(SHARED_PROMPT, max_new_tokens=4)))
+        hits = prefix_tokens(registry)
 
         # A 900-token prompt needs all 4 pages while one is kept for the prefix cache: transformers gives
         # that page to the request (it evicts the cached page) instead of preempting or refusing it.
@@ -226,10 +236,12 @@ def test_running_requests_and_the_prefix_cache_hold_blocks_apart(instrumented) -
         "blocks_total": 4,
         "headroom_tokens": 4 * PAGE,
     }
+    assert hits == {"hit": PAGE, "miss": len(SHARED_PROMPT) + len(SHARED_PROMPT) - PAGE}
     assert len(long.generated_tokens) == 4
     assert registry.get_sample_value("llm_kv_cache_preemptions_total", {"model": MODEL}) == 0
     # Its 3 complete pages are what the prefix cache keeps now (the first prompt's page was evicted).
     assert after_long == {**idle, "blocks_prefix_cached": 3}
+    assert prefix_tokens(registry) == {"hit": PAGE, "miss": hits["miss"] + 900}
 
 
 def test_without_block_sharing_there_is_no_prefix_cache(instrumented) -> None:
@@ -245,3 +257,5 @@ def test_without_block_sharing_there_is_no_prefix_cache(instrumented) -> None:
     finally:
         manager.stop(block=True)
     assert (idle["blocks_used"], idle["blocks_prefix_cached"], idle["headroom_tokens"]) == (0, 0, 4 * PAGE)
+    # No lookups, so no hit or miss series: a hit ratio of 0 would say the cache was tried.
+    assert prefix_tokens(registry) == {"hit": None, "miss": None}
