@@ -275,7 +275,7 @@ class BatchTimeline:
                         scheduled.append(request_id)
                         if prefix_sharing:
                             looked_up += tracked.prompt
-                            hit += state.position_offset
+                            hit += min(state.position_offset, tracked.prompt)
         composition.prefill_tokens, composition.decode_tokens = prefill, decode
         self._composition = composition
         if looked_up:

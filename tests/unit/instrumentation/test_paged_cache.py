@@ -9,7 +9,7 @@ for the next request that starts with the same tokens; a request that needs the 
 transformers 5.17 calls a page a block (``block_size``), 5.24 a page (``page_size``).
 
 While a request runs, its forward passes are held at a gate, so the manager's bookkeeping cannot change
-while the test reads it (what the background sampler does every poll interval).
+while the test reads it, as the background sampler does every poll interval.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SHARED_PROMPT = encode_text("x" * 299)
 def paged_config(num_blocks: int | None, **kwargs: Any) -> ContinuousBatchingConfig:
     """A pool of ``num_blocks`` pages of PAGE tokens, for steps of up to 1024 tokens. None: transformers
     sizes the pool itself, here from 0.5 % of the host's memory. Both are set because on the CPU
-    transformers 5.17 otherwise sizes whichever is missing from 60 % of the host's memory."""
+    transformers 5.17 otherwise sizes whichever is missing from 80-90 % of the host's memory."""
     kwargs = {"max_batch_tokens": 1024, **kwargs}
     if num_blocks is None:
         kwargs.setdefault("max_memory_percent", 0.005)
