@@ -13,7 +13,8 @@ in transformers 5.17 and 5.24 (:data:`SUPPORTED_VERSIONS`):
   ``manager.cancel_request``: the client went away (``cancelled``);
 * ``manager._create_batch_processor``, and on each batch processor it returns:
   ``inputs_and_outputs.prepare_batch_tensors`` (which requests the step carries, how many prompt and
-  decode tokens, which of them get a token when it ends), ``model_runner.compute_batch`` (a clock mark
+  decode tokens, which of them get a token when it ends, how much of a new request's prompt the prefix
+  cache held), ``model_runner.compute_batch`` (a clock mark
   before and after the step's work, on the processor's compute stream: no synchronization),
   ``scheduler.add_waiting_request`` (a request put back in the queue after it ran is a preemption),
   ``warmup`` (its dummy steps are not counted), ``prepare_next_batch`` (nothing to schedule: the loop is
@@ -38,6 +39,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import threading
 import time
 import weakref
@@ -235,8 +237,12 @@ class BatchTimeline:
 
     # -- steps (the manager's thread) ------------------------------------------------------------------
 
-    def compose(self, requests_in_batch: Any) -> None:
-        """What the next step carries (``FutureRequestState``: state, has_new_token, query_length)."""
+    def compose(self, requests_in_batch: Any, prefix_sharing: bool = False) -> None:
+        """What the next step carries (``FutureRequestState``: state, has_new_token, query_length).
+
+        ``prefix_sharing``: the scheduler looked each request up in the cache's prefix cache before it
+        scheduled it for the first time; what matched is the request's past (``position_offset``: a new
+        request has none otherwise) when its first step is composed."""
         self.drain()  # the previous steps: the scheduler has read their tokens, their marks are done
         if self.warming_up:
             self._composition = None
@@ -245,6 +251,7 @@ class BatchTimeline:
         composition.sequences = len(requests_in_batch)
         token_ids, scheduled = composition.token_ids, composition.scheduled
         prefill = decode = 0
+        looked_up = hit = 0
         requests = self._requests
         with self._lock:
             for future in requests_in_batch:
@@ -268,8 +275,13 @@ class BatchTimeline:
                     self.series.running.inc()
                     if tracked.first_start is None:
                         scheduled.append(request_id)
+                        if prefix_sharing:
+                            looked_up += tracked.prompt
+                            hit += min(state.position_offset, tracked.prompt)
         composition.prefill_tokens, composition.decode_tokens = prefill, decode
         self._composition = composition
+        if looked_up:
+            self.series.count_prefix_lookups(hit, looked_up - hit)
 
     def run_step(self, stream: Any, compute: Any, args: tuple, kwargs: dict) -> Any:
         """Run one step's ``compute(*args, **kwargs)`` between two clock marks on ``stream``."""
@@ -433,34 +445,82 @@ def _anchor_ready(clock: Any, anchor: Anchor) -> bool:
     return anchor.event is None or clock.ready(anchor.event)
 
 
+class PagedReading:
+    """What the blocks of a paged KV cache hold at one reading, in bytes of its pool."""
+
+    __slots__ = ("prefix_cached_bytes", "used_bytes")
+
+    def __init__(self, used_bytes: float, prefix_cached_bytes: float) -> None:
+        #: Held by requests: running, prefilling, or waiting for their next step.
+        self.used_bytes = used_bytes
+        #: Complete blocks no request holds, kept for a later prompt that starts with the same tokens.
+        self.prefix_cached_bytes = prefix_cached_bytes
+
+
 class PagedCacheView:
     """The paged KV cache of a batch processor, read by the background sampler (never by the hot path).
 
-    5.17 keeps ``key_cache``/``value_cache`` tensors, ``block_size`` and ``get_num_free_blocks()``; 5.24 one
-    ``cache_tensor`` carved into sectors and ``compute_free_capacity()``. Both count ``num_blocks``.
+    Everything is host-side bookkeeping: the layout is read once from tensor shapes and sizes (never their
+    data), the blocks' states at each reading from the cache's free lists and prefix-cache ledger (lengths
+    of Python containers: no device read, no synchronization, no lock the manager's thread takes). The cache
+    is held weakly. Its pool is what holds tokens: transformers allocates two more blocks (5.17) or sectors
+    (5.24) that padding tokens read and write, never a request, so they are not part of it.
+
+    * 5.17: ``key_cache``/``value_cache`` hold one tensor per layer of a layer group, of
+      ``(num_blocks + 2) * block_size`` slots; a block is ``block_size`` tokens of one group, and a token of
+      a sequence takes one slot of every group. ``_block_manager`` lists the uninitialized (free) blocks and
+      the initialized ones: complete blocks no request holds, hashed for prefix sharing, which it hands to a
+      request that needs room (``has_enough_free_blocks``).
+    * 5.24: one ``cache_tensor`` of two trash sectors and ``num_sectors`` sectors, carved into blocks by one
+      allocator per attention type; ``num_blocks`` counts blocks of ``page_size`` tokens of every layer.
+      Free are the free sectors and the free blocks of assigned ones (``compute_free_capacity``); each
+      allocator's ledger keeps ``cached_blocks``, complete blocks no request holds, which the scheduler
+      evicts for requests that need room (below its safety margin, and before it offloads a request).
     """
 
     def __init__(self, cache: Any) -> None:
         self._cache = weakref.ref(cache)
-        tensor = getattr(cache, "cache_tensor", None)
-        if tensor is not None:
-            self.total_bytes = tensor.nbytes
-        else:
-            self.total_bytes = sum(t.nbytes for t in (*cache.key_cache, *cache.value_cache))
         self.total_blocks = int(cache.num_blocks)
-        block_size = getattr(cache, "block_size", None)
-        self.capacity_tokens = (
-            int(cache.num_blocks * block_size) if block_size else int(cache.max_tokens_read)
-        )
+        self.prefix_sharing = bool(getattr(cache, "use_prefix_sharing", False))
+        allocators = getattr(cache, "cache_allocators", None)
+        if allocators is not None:  # 5.24
+            self._allocators = tuple(allocators.values())
+            #: Bytes one token of one sequence takes: a page holds tokens_per_page tokens of one layer.
+            self.bytes_per_token = sum(a.bytes_per_block // a.tokens_per_page for a in self._allocators)
+            self.capacity_bytes = int(cache.num_sectors) * int(cache.bytes_per_sector)
+            self.block_bytes = self.bytes_per_token * self._allocators[0].tokens_per_page
+            self._read = self._read_sectors
+        else:  # 5.17
+            keys = cache.key_cache[0]  # [slots, kv_heads, head_dim]: one slot of one layer, keys and values
+            token_bytes = 2 * math.prod(keys.shape[1:]) * keys.element_size()
+            group_layers = len(cache.key_cache)
+            self.block_bytes = token_bytes * group_layers * int(cache.block_size)
+            self.bytes_per_token = token_bytes * group_layers * len(cache.group_cache_managers)
+            self.capacity_bytes = self.total_blocks * self.block_bytes
+            self._read = self._read_blocks
+        #: Tokens of one sequence the pool holds, at bytes_per_token each.
+        self.capacity_tokens = self.capacity_bytes // self.bytes_per_token
 
-    def free_ratio(self) -> float | None:
-        """The share of the cache free now; None once the cache is gone."""
+    def read(self) -> PagedReading | None:
+        """The blocks' states now; None once the cache is gone."""
         cache = self._cache()
-        if cache is None:
-            return None
-        if hasattr(cache, "compute_free_capacity"):
-            return float(cache.compute_free_capacity(relative=True))
-        return cache.get_num_free_blocks() / max(1, self.total_blocks)
+        return None if cache is None else self._read(cache)
+
+    def _read_sectors(self, cache: Any) -> PagedReading:
+        free = float(cache.compute_free_capacity(relative=False))
+        cached = float(sum(len(a.ledger.cached_blocks) * a.bytes_per_block for a in self._allocators))
+        return self._reading(self.capacity_bytes - free - cached, cached)
+
+    def _read_blocks(self, cache: Any) -> PagedReading:
+        manager = cache._block_manager
+        free, cached = len(manager._uninit_block_ids), len(manager._init_block_ids)
+        used = self.total_blocks - free - cached
+        return self._reading(used * self.block_bytes, cached * self.block_bytes)
+
+    def _reading(self, used: float, cached: float) -> PagedReading:
+        # The manager's thread moves blocks between the lists while they are read one after the other.
+        cached = min(max(0.0, cached), self.capacity_bytes)
+        return PagedReading(min(max(0.0, used), self.capacity_bytes - cached), cached)
 
 
 def _wrap(owner: Any, name: str, make: Any) -> None:
@@ -563,12 +623,18 @@ class BatchingHooks:
         stream = getattr(io, "compute_stream", None)
         requeue = _observing(timeline.requeue, timeline.errors, before=True)
         _wrap(processor.scheduler, "add_waiting_request", requeue)
+        try:
+            view = PagedCacheView(processor.cache)
+        except Exception as exc:
+            view = None
+            self._degrade("its paged KV cache is not read", exc)
+        prefix_sharing = view is not None and view.prefix_sharing
 
         def prepare(original: Any) -> Any:
             def prepare_batch_tensors(*args: Any, **kwargs: Any) -> Any:
                 try:
                     batch = kwargs["requests_in_batch"] if "requests_in_batch" in kwargs else args[0]
-                    timeline.compose(batch)
+                    timeline.compose(batch, prefix_sharing)
                 except Exception as exc:
                     timeline.errors.report("batching", exc)
                 return original(*args, **kwargs)
@@ -607,7 +673,8 @@ class BatchingHooks:
         _wrap(runner, "compute_batch", compute)
         _wrap(processor, "warmup", warmup)
         _wrap(processor, "prepare_next_batch", idle)
-        self._instrumentation.series.watch_paged_cache(PagedCacheView(processor.cache))
+        if view is not None:
+            self._instrumentation.series.watch_paged_cache(view)
 
 
 def _observing(observe: Any, errors: ErrorReporter, *, before: bool) -> Any:

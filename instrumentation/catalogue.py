@@ -165,9 +165,21 @@ KV_CACHE_CAPACITY_TOKENS = _gauge(
     "llm_kv_cache_capacity_tokens", "tokens", M, "livesum",
     "Tokens the preallocated (static) KV caches of running requests hold: max_cache_len x batch.",
 )  # fmt: skip
+KV_CACHE_CAPACITY_BYTES = _gauge(
+    "llm_kv_cache_capacity_bytes", "bytes", M, "livesum",
+    "Device bytes of a paged KV cache's pool (continuous batching), allocated up front: capacity tokens x "
+    "bytes per token.",
+)  # fmt: skip
 KV_CACHE_BLOCKS = _gauge(
     "llm_kv_cache_blocks", "blocks", ("model", "state"), "livesum",
-    "Blocks of a paged KV cache (continuous batching) by state: used (held by requests) or total.",
+    "Blocks of a paged KV cache (continuous batching) by state: used (held by requests), prefix_cached "
+    "(complete blocks no request holds, kept for prompts that start with the same tokens; given to "
+    "requests that need room), or total.",
+)  # fmt: skip
+KV_CACHE_PREFIX_TOKENS = _counter(
+    "llm_kv_cache_prefix_tokens_total", "tokens", ("model", "result"),
+    "Prompt tokens of requests looked up in a paged KV cache's prefix cache (continuous batching) when "
+    "first scheduled, by result: hit (their keys and values were in cached blocks, not computed) or miss.",
 )  # fmt: skip
 KV_CACHE_PREEMPTIONS = _counter(
     "llm_kv_cache_preemptions_total", "requests", M,
@@ -240,8 +252,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING,
     KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
-    KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS, TORCH_MEMORY, GPU_BUSY, GPU_BUSY_UNAVAILABLE,
-    FORWARD_TIME_RATIO, DECODE_BANDWIDTH,
+    KV_CACHE_CAPACITY_BYTES, KV_CACHE_PREFIX_TOKENS, KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS,
+    TORCH_MEMORY, GPU_BUSY, GPU_BUSY_UNAVAILABLE, FORWARD_TIME_RATIO, DECODE_BANDWIDTH,
     PREFILL_FLOPS, NVML_GPU_UTILIZATION, NVML_MEMORY_USED, NVML_MEMORY_TOTAL, NVML_PROCESS_MEMORY,
     MODEL_INFO, LAST_STEP,
 )  # fmt: skip

@@ -31,7 +31,7 @@ PHASES = ("prefill", "decode")
 #: first such step, so models served by generate alone do not show an empty one.
 MIXED_PHASE = "mixed"
 STEP_TOKEN_KINDS = ("prefill", "decode")
-KV_BLOCK_STATES = ("used", "total")
+KV_BLOCK_STATES = ("used", "prefix_cached", "total")
 
 
 @dataclass
@@ -90,6 +90,8 @@ class ModelSeries:
         self._paged_cache: Any = None
         #: Bytes of the paged cache in use at the sampler's last reading: what a decode step reads of it.
         self.paged_used_bytes = 0.0
+        #: Its prefix cache's lookups, in prompt tokens: (hit, miss), bound with the first cache that shares.
+        self._prefix_tokens: tuple[Any, Any] | None = None
         # Gauges without a meaningful zero get their series on the first real value, so a model that has
         # not stepped yet does not claim a heartbeat at 1970 or 0 bytes per token.
         self._kv_bytes_per_token: Gauge | None = None
@@ -153,32 +155,48 @@ class ModelSeries:
                 window.prefill_flops += work
 
     def watch_paged_cache(self, view: Any) -> None:
-        """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on."""
+        """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on; a cache that
+        shares prefixes has its lookup counters from now on too (at 0 until its first lookup)."""
         self._paged_cache = view
+        if view.prefix_sharing:
+            self._prefix_lookups()
+
+    def _prefix_lookups(self) -> tuple[Any, Any]:
+        if self._prefix_tokens is None:
+            family = self.metrics[cat.KV_CACHE_PREFIX_TOKENS]
+            self._prefix_tokens = (family.labels(self.name, "hit"), family.labels(self.name, "miss"))
+        return self._prefix_tokens
+
+    def count_prefix_lookups(self, hit: int, miss: int) -> None:
+        """Prompt tokens looked up in the paged cache's prefix cache: found there (``hit``) or not."""
+        hits, misses = self._prefix_lookups()
+        hits.inc(hit)
+        misses.inc(miss)
 
     def poll_paged_cache(self) -> bool:
         """Read the paged cache into the KV gauges; False when the model has none (any more)."""
         view = self._paged_cache
         if view is None:
             return False
-        free = view.free_ratio()
-        if free is None:  # the batch processor and its cache are gone
+        reading = view.read()
+        if reading is None:  # the batch processor and its cache are gone
             self._paged_cache = None
             for state in KV_BLOCK_STATES:
                 drop_gauge(self.metrics[cat.KV_CACHE_BLOCKS], self.name, state)
+            drop_gauge(self.metrics[cat.KV_CACHE_CAPACITY_BYTES], self.name)
             return False
         blocks = self.metrics[cat.KV_CACHE_BLOCKS]
-        used = 1.0 - free
-        blocks.labels(self.name, "used").set(round(view.total_blocks * used))
+        blocks.labels(self.name, "used").set(round(reading.used_bytes / view.block_bytes))
+        blocks.labels(self.name, "prefix_cached").set(round(reading.prefix_cached_bytes / view.block_bytes))
         blocks.labels(self.name, "total").set(view.total_blocks)
-        self.paged_used_bytes = view.total_bytes * used
-        self.kv_bytes.set(self.paged_used_bytes)
+        self.paged_used_bytes = reading.used_bytes
+        self.kv_bytes.set(reading.used_bytes)
         self.kv_capacity.set(view.capacity_tokens)
-        self.metrics[cat.KV_CACHE_HEADROOM_TOKENS].labels(self.name).set(view.capacity_tokens * free)
-        if view.capacity_tokens:
-            self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(
-                view.total_bytes / view.capacity_tokens
-            )
+        self.metrics[cat.KV_CACHE_CAPACITY_BYTES].labels(self.name).set(view.capacity_bytes)
+        # Prefix-cached blocks are room too: transformers gives them to a request that needs it.
+        available = view.capacity_bytes - reading.used_bytes
+        self.metrics[cat.KV_CACHE_HEADROOM_TOKENS].labels(self.name).set(available // view.bytes_per_token)
+        self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(view.bytes_per_token)
         return True
 
     def observe_decode(self, tokens: int, first: float | None, last: float | None, max_gap: float) -> None:
@@ -348,6 +366,7 @@ _LIVE_GAUGES: tuple[tuple[cat.MetricSpec, tuple[str | tuple[str, ...], ...]], ..
     (cat.REQUESTS_WAITING, ()),
     (cat.KV_CACHE_BYTES, ()),
     (cat.KV_CACHE_CAPACITY_TOKENS, ()),
+    (cat.KV_CACHE_CAPACITY_BYTES, ()),
     (cat.KV_CACHE_BYTES_PER_TOKEN, ()),
     (cat.KV_CACHE_HEADROOM_TOKENS, ()),
     (cat.KV_CACHE_BLOCKS, (KV_BLOCK_STATES,)),

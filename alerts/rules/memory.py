@@ -34,8 +34,9 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
             f"Only {VALUE} more KV-cache tokens fit on the device of {MODEL}.",
             f"The KV cache of {MODEL} has room for only {VALUE} more tokens (threshold "
             f"{num(p['headroom_tokens_below'])}), for more than {p['for']}: in free device memory, or with "
-            "continuous batching in the free blocks of its paged cache. A longer prompt or a bigger batch "
-            "runs out of memory; a paged cache makes it wait for blocks, or preempts running requests.",
+            "continuous batching in the free and prefix-cached blocks of its paged cache. A longer prompt "
+            "or a bigger batch runs out of memory; a paged cache makes it wait for blocks, or preempts "
+            "running requests.",
         )
     ]
 
@@ -43,6 +44,7 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchKvCacheNearlyFull")
 def _kv_cache_nearly_full(p: Params) -> list[AlertRule]:
     # Only a paged KV cache (continuous batching) has blocks: models without one have no series here.
+    # "used" blocks are the requests': prefix-cached ones are given to requests that need room.
     used = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="used"')
     total = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="total"')
     expr = promql(f"""
@@ -56,9 +58,10 @@ def _kv_cache_nearly_full(p: Params) -> list[AlertRule]:
             expr,
             f"The paged KV cache of {MODEL} is {VALUE_PERCENT} full.",
             f"Requests running on {MODEL} hold {VALUE_PERCENT} of its paged KV-cache blocks (threshold "
-            f"{num(p['used_ratio_above'] * 100)}%), for more than {p['for']}: the continuous-batching "
-            "scheduler admits new requests only as blocks free up, and takes running requests off the "
-            "device (preempts them) when a step finds no free block.",
+            f"{num(p['used_ratio_above'] * 100)}%), for more than {p['for']} (blocks its prefix cache keeps "
+            "are not counted: they go to requests that need room): the continuous-batching scheduler admits "
+            "new requests only as blocks free up, and takes running requests off the device (preempts them) "
+            "when a step finds no free block.",
         )
     ]
 

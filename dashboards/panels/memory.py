@@ -25,7 +25,7 @@ def kv_cache_headroom() -> PanelSpec:
     return PanelSpec(
         "KV-cache headroom",
         f"How many more KV-cache tokens fit in free device memory (with continuous batching: in the free "
-        f"blocks of the paged cache); InferwatchKvCacheHeadroomLow fires below {limit}.",
+        f"and prefix-cached blocks of the paged cache); InferwatchKvCacheHeadroomLow fires below {limit}.",
         "short",
         below(limit),
         [Query(f"min by (model) ({sel(names.LLM_KV_CACHE_HEADROOM_TOKENS, SERVING)})", "{{model}}")],
@@ -34,19 +34,23 @@ def kv_cache_headroom() -> PanelSpec:
 
 def kv_cache_blocks_used() -> PanelSpec:
     limit = alert_settings("InferwatchKvCacheNearlyFull")["used_ratio_above"]
-    used, total = (
+    used, prefix_cached, total = (
         f"sum by (model) ({sel(names.LLM_KV_CACHE_BLOCKS, SERVING, matcher)})"
-        for matcher in ('state="used"', 'state="total"')
+        for matcher in ('state="used"', 'state="prefix_cached"', 'state="total"')
     )
     return PanelSpec(
         "KV-cache blocks used",
         "Share of the paged KV cache's blocks held by requests (continuous batching only; models served "
         "by generate have no blocks). The scheduler fills the cache under load; InferwatchKvCacheNearlyFull "
         f"fires above {limit:.0%} held for a while, when new requests wait for blocks and running ones "
-        "get preempted.",
+        "get preempted. Prefix-cached: complete blocks no request holds, kept for prompts that start with "
+        "the same tokens; the scheduler gives them to requests that need room.",
         "percentunit",
         above(limit),
-        [Query(f"{used} / {total}", "{{model}}")],
+        [
+            Query(f"{used} / {total}", "{{model}}"),
+            Query(f"{prefix_cached} / {total}", "{{model}} prefix-cached"),
+        ],
     )
 
 

@@ -2,8 +2,10 @@
 Prometheus evaluates them, ``inferwatch diagnose --prometheus`` and ``inferwatch top --once``.
 
 The serving process is a prometheus_client registry served over HTTP from this process, with the series
-the instrumentation of continuous batching exposes (docs/metrics.md): model ``cb`` holds 950 of its 1000
-blocks and its scheduler preempts a request every half second; model ``gen`` is served by generate (no
+the instrumentation of continuous batching exposes (docs/metrics.md): model ``cb`` has requests holding
+950 of its 1000 blocks and its prefix cache keeping 20, and its scheduler preempts a request every half
+second; model ``cached`` has requests holding 300 blocks and its prefix cache keeping 650 (blocks the
+scheduler gives to requests that need room: not a full cache); model ``gen`` is served by generate (no
 blocks, a preemption counter at zero). Every expected figure follows from those values.
 """
 
@@ -50,12 +52,14 @@ def serving() -> Iterator[str]:
     blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
     headroom = Gauge("llm_kv_cache_headroom_tokens", "", ["model"], registry=r)
     preemptions = Counter("llm_kv_cache_preemptions", "", ["model"], registry=r)
-    for model in ("cb", "gen"):
+    for model in ("cb", "cached", "gen"):
         info.labels(model, "cpu").set(1)
         preemptions.labels(model)
-    blocks.labels("cb", "used").set(950)
-    blocks.labels("cb", "total").set(1000)
-    headroom.labels("cb").set(800)  # 50 free blocks of 16 tokens
+    for model, used, prefix_cached in (("cb", 950, 20), ("cached", 300, 650)):
+        blocks.labels(model, "used").set(used)
+        blocks.labels(model, "prefix_cached").set(prefix_cached)
+        blocks.labels(model, "total").set(1000)
+        headroom.labels(model).set((1000 - used) * 16)  # free and prefix-cached blocks of 16 tokens
     headroom.labels("gen").set(50000)
     stop = threading.Event()
 
@@ -97,8 +101,9 @@ def test_the_kv_cache_alerts_fire_for_the_paged_cache_only(prometheus: Prometheu
     wait_until(
         lambda: wanted <= firing(prometheus), 60, lambda: f"{wanted} firing (got {firing(prometheus)})"
     )
-    # The model served by generate has no blocks and no preemptions: neither alert, not even pending.
-    assert [a for a in prometheus.alerts() if a["labels"].get("model") == "gen"] == []
+    # The model served by generate has no blocks and no preemptions, and the prefix cache of ``cached``
+    # is no full cache: neither alert for them, not even pending.
+    assert [a for a in prometheus.alerts() if a["labels"].get("model") in ("gen", "cached")] == []
     (nearly_full,) = [
         a for a in prometheus.alerts() if a["labels"]["alertname"] == "InferwatchKvCacheNearlyFull"
     ]
@@ -135,6 +140,7 @@ def test_top_shows_the_blocks_and_the_preemptions(serving: str) -> None:
     assert result.returncode == 0, result.stderr
     models = {row["model"]: row for row in json.loads(result.stdout)["models"]}
     assert models["cb"]["kv_blocks_used_ratio"] == 0.95
+    assert models["cached"]["kv_blocks_used_ratio"] == 0.3
     assert models["cb"]["kv_preemptions_per_second"] == pytest.approx(PREEMPTIONS_PER_SECOND, rel=0.6)
     assert models["gen"]["kv_blocks_used_ratio"] is None
     assert models["gen"]["kv_preemptions_per_second"] == 0.0
