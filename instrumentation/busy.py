@@ -20,10 +20,11 @@ intervals cover 5 %). The driver knows when kernels ran. Which of its figures is
   all, neither figure supported, no NVML) and ``llm_gpu_busy_unavailable`` says why: the whole GPU's figure
   would count the neighbours' kernels, and a busy ratio that reads high hides a host-bound model.
 
-The device's figure comes first where both are this process's: it is the nearer to the profiler's union of
-kernel intervals (H200, docs/benchmarks.md: eager decode 0.09-0.11 against per-process 0.11-0.14, truth
-0.06; compiled decode 0.26 against 0.38, truth 0.21). Both are shares of NVML's sample periods in which a
-kernel ran, not of kernel time: a period with a few tiny kernels reads partly busy.
+The device's figure comes first where it is this process's: it is the nearer to the profiler's union of
+kernel intervals (H200, docs/benchmarks.md, "The GPU busy ratio": eager decode 0.054 against 0.060; a
+one-off probe: eager 0.09-0.11 against per-process 0.11-0.14, compiled decode 0.26 against 0.38, truth
+0.06 and 0.21). Both are shares of NVML's sample periods in which a kernel ran, not of kernel time: a
+period with a few tiny kernels reads partly busy.
 """
 
 from __future__ import annotations
