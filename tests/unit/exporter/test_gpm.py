@@ -39,7 +39,11 @@ def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
 
     time.sleep(WINDOW + 0.05)
     poller.collect()  # closes it
-    text = render(poller)
+    text, closing_samples = render(poller), fake.calls[(0, "nvmlGpmSampleGet")]
+    # Within the next window, at once: checking the text below parses it 20 times, which on a loaded
+    # 2-core machine took longer than the 100 ms after which the next window may close.
+    poller.collect()  # within the next window: the last window's values, no new sample
+    within = render(poller)
     for gpu in (0, 1):
         assert gpu_value(text, "gpu_sm_active_ratio", gpu, gpu_instance="") == 0.60
         assert gpu_value(text, "gpu_sm_occupancy_ratio", gpu) == 0.25
@@ -51,10 +55,8 @@ def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
         assert gpu_value(text, "gpu_pcie_tx_bytes_per_second", gpu) == 100 * 2**20  # MiB/s in NVML
         assert gpu_value(text, "gpu_pcie_rx_bytes_per_second", gpu) == 200 * 2**20
         assert gpu_value(text, "gpu_nvlink_tx_bytes_per_second", gpu) is None  # no NVLink on these GPUs
-    assert fake.calls[(0, "nvmlGpmSampleGet")] == 2
-
-    poller.collect()  # within the next window: the last window's values, no new sample
-    assert gpu_value(render(poller), "gpu_sm_active_ratio", 0) == 0.60
+    assert closing_samples == 2
+    assert gpu_value(within, "gpu_sm_active_ratio", 0) == 0.60
     assert fake.calls[(0, "nvmlGpmSampleGet")] == 2
     assert fake.calls[(0, "nvmlGpmMetricsGet")] == 1
 
