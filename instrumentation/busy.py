@@ -115,8 +115,7 @@ class BusyMeter:
         )
         self._last_process_us = 0
         self._last_device_us = 0
-        self._process_supported = True
-        self._device_supported = True
+        self._unsupported: set[str] = set()  # the NVML calls this GPU answered NOT_SUPPORTED
         self._device_figure: float | None = None
 
     def read(self, process_pids: set[int]) -> BusyReading | str:
@@ -126,15 +125,12 @@ class BusyMeter:
         pids, why = identify(process_pids, self.own)
         if why is not None:
             return why
-        if len(process_pids) == 1 and self._device_supported and self._lists_every_process(process_pids):
+        if len(process_pids) == 1 and self._lists_every_process(process_pids):
             share = self._device_share()
             if share is not None:
                 return BusyReading(share, SOURCE_DEVICE)
-        if self._process_supported:
-            share = self._process_share(pids)
-            if share is not None:
-                return BusyReading(share, SOURCE_PROCESS)
-        return NOT_SUPPORTED
+        share = self._process_share(pids)
+        return NOT_SUPPORTED if share is None else BusyReading(share, SOURCE_PROCESS)
 
     def _lists_every_process(self, process_pids: set[int]) -> bool:
         """Whether a listing can be taken to hold every process on the GPU. In a PID namespace the driver
@@ -144,30 +140,32 @@ class BusyMeter:
         or a driver that does not translate PIDs gives, holds them all."""
         return self.initial_namespace or not process_pids & self.own
 
-    def _unsupported(self, exc: Exception) -> bool:
-        return getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", object())
-
-    def _no_samples(self, exc: Exception) -> bool:
-        # NOT_FOUND: no sample newer than the timestamp; pynvml raises one carrying SUCCESS when the
-        # driver's buffer is empty.
+    def _samples(self, call: str, *args: Any) -> Any:
+        """``nvml.call(handle, *args)``; ``[]`` where there is no sample newer than asked for, None where
+        the GPU does not support the call (not asked again)."""
+        if call in self._unsupported:
+            return None
         nvml = self._nvml
-        quiet = (getattr(nvml, "NVML_ERROR_NOT_FOUND", object()), getattr(nvml, "NVML_SUCCESS", 0))
-        return getattr(exc, "value", None) in quiet
+        try:
+            return getattr(nvml, call)(self._handle, *args)
+        except Exception as exc:
+            error = getattr(exc, "value", None)
+            if error == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", object()):
+                self._unsupported.add(call)
+                return None
+            # NOT_FOUND: no sample newer than the timestamp; pynvml raises one carrying SUCCESS when the
+            # driver's buffer is empty.
+            if error in (getattr(nvml, "NVML_ERROR_NOT_FOUND", object()), getattr(nvml, "NVML_SUCCESS", 0)):
+                return []
+            raise
 
     def _device_share(self) -> float | None:
         """Mean of the GPU's utilization samples (one every 200 ms on an H200) since the last poll; the last
         poll's figure while none is new, None where the GPU keeps none."""
-        try:
-            value_type, samples = self._nvml.nvmlDeviceGetSamples(
-                self._handle, _GPU_UTILIZATION_SAMPLES, self._last_device_us
-            )
-        except Exception as exc:
-            if self._unsupported(exc):
-                self._device_supported = False
-                return None
-            if not self._no_samples(exc):
-                raise
-            samples = []
+        answer = self._samples("nvmlDeviceGetSamples", _GPU_UTILIZATION_SAMPLES, self._last_device_us)
+        if answer is None:
+            return None
+        value_type, samples = answer or (0, [])
         fresh = [s for s in samples if s.timeStamp > self._last_device_us]
         if fresh:
             self._last_device_us = max(s.timeStamp for s in fresh)
@@ -179,15 +177,9 @@ class BusyMeter:
     def _process_share(self, pids: set[int]) -> float | None:
         """The share of the time since the last poll that kernels of ``pids`` ran; None where the driver
         cannot tell processes apart."""
-        try:
-            samples = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, self._last_process_us)
-        except Exception as exc:
-            if self._unsupported(exc):
-                self._process_supported = False
-                return None
-            if not self._no_samples(exc):
-                raise
-            samples = []  # no process ran a kernel since then
+        samples = self._samples("nvmlDeviceGetProcessUtilization", self._last_process_us)
+        if samples is None:
+            return None
         # One sample per process, its share since the timestamp asked for; the latest where there are more.
         # Each process's sample has its own timestamp (a busy neighbour's is often the later): the next
         # poll asks from this process's, or it would filter its own newer share out.
