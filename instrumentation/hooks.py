@@ -65,7 +65,7 @@ from inferwatch.instrumentation.request import (
     failure_status,
 )
 from inferwatch.instrumentation.series import drop_gauge, forget_series, series_for
-from inferwatch.instrumentation.tokens import every_row_generates, generated_count, prompt_of
+from inferwatch.instrumentation.tokens import LiveTokens, every_row_generates, generated_count, prompt_of
 from inferwatch.instrumentation.worker import NVML_WORKER, SAMPLER
 from prometheus_client import CollectorRegistry
 
@@ -614,16 +614,12 @@ class ModelInstrumentation:
             arrived = None if arrival is None else arrival.claim()
             clock = self.placement.clock
             prompt = prompt_of(args, kwargs)
-            request = Request(
-                self.series,
-                clock,
-                owner=self,
-                prompt=None if prompt is None else prompt.count(clock),
-                rows=1 if prompt is None else prompt.rows,
-                every_row_steps=every_row_generates(kwargs, self._generation_config(kwargs)),
-                entry=entry,
-                arrival=arrived,
+            live = LiveTokens(
+                None if prompt is None else prompt.count(clock),
+                1 if prompt is None else prompt.rows,
+                every_row_generates(kwargs, self._generation_config(kwargs)),
             )
+            request = Request(self.series, clock, owner=self, live=live, entry=entry, arrival=arrived)
             request.prompt_length = 0 if prompt is None else prompt.length
             return request
         except Exception as exc:

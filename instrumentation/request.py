@@ -22,6 +22,7 @@ import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from inferwatch.instrumentation.series import ModelSeries, Observations
+from inferwatch.instrumentation.tokens import LiveTokens
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
 RESOLVE_DEADLINE_SECONDS = 120.0
@@ -164,9 +165,7 @@ class Request:
         clock: Clock,
         *,
         owner: object = None,
-        prompt: Fetched | None = None,
-        rows: int = 1,
-        every_row_steps: float = math.inf,
+        live: LiveTokens | None = None,
         entry: float | None = None,
         arrival: float | None = None,
     ) -> None:
@@ -199,15 +198,8 @@ class Request:
         self._max_gap = 0.0
         self._kv: KVCacheSize | None = None
         self._status: str | None = None
-        # The token counters move while the request runs (docs/metrics.md): its prompt once the prefill
-        # has run, its tokens as they are placed, ``rows`` per token step for the first
-        # ``every_row_steps`` steps and one after (a row that ended pads: only the output says which).
-        self._prompt = prompt
-        self._prompt_tokens: int | None = None
-        self._prompt_counted = False
-        self._rows = rows
-        self._every_row_steps = every_row_steps
-        self._generated_counted = 0
+        #: The request's tokens as the counters have them while it runs (one row, no prompt by default).
+        self.live = live or LiveTokens(None, 1, math.inf)
         self._counts: Fetched | None = None
         series.running.inc()
 
@@ -280,32 +272,9 @@ class Request:
             # The run's steps all came after the steps of the queue (see DecodeRun).
             return run is None or not run.marks or self._resolve_run(run, observations)
         finally:
-            if not self._prompt_counted and (self._first_forward_start, self._first_token) != (None, None):
-                self._count_prompt(observations)
+            if (self._first_forward_start, self._first_token) != (None, None):
+                self.live.count_prompt(self.series.prompt_tokens, observations)  # the prefill ran
             observations.flush()
-
-    def _prompt_value(self) -> int | None:
-        """The prompt's token count once it is on the host (read from the device copy once)."""
-        prompt = self._prompt
-        if prompt is not None and prompt.ready():
-            self._prompt, self._prompt_tokens = None, int(prompt.value()[0])
-        return self._prompt_tokens
-
-    def _count_prompt(self, observations: Observations) -> None:
-        """The prefill has run: its prompt tokens count from now on."""
-        tokens = self._prompt_value()
-        if tokens is not None:
-            self._prompt_counted = True
-            observations.count(self.series.prompt_tokens, tokens)
-
-    def _count_generated(self, steps: int, observations: Observations) -> None:
-        """``steps`` more token steps were placed: count their tokens, a lower bound where a row may
-        have ended (see __init__)."""
-        done = self._token_steps
-        every_row = max(0, min(done + steps, self._every_row_steps) - done)
-        tokens = int(every_row * self._rows + steps - every_row)
-        self._generated_counted += tokens
-        observations.count(self.series.generation_tokens, tokens)
 
     def _anchor_lag_bound(self, step: Step) -> float:
         """How late the anchor must have been for ``step``'s marks not to map before they were recorded.
@@ -362,7 +331,7 @@ class Request:
         """``tokens`` per sequence became available at ``end`` (host clock)."""
         # The request's own state first: an observation that fails costs only itself.
         previous, self._last_token = self._last_token, end
-        self._count_generated(tokens, observations)
+        self.live.count_steps(self._token_steps, tokens, self.series.generation_tokens, observations)
         self._token_steps += tokens
         series = self.series
         if previous is None:
@@ -403,7 +372,7 @@ class Request:
             earlier = [self._last_token, *times[:-1]]
             gaps = [later - before for before, later in zip(earlier, times, strict=True)]
             self._max_gap = max(self._max_gap, *gaps)
-            self._count_generated(len(times), observations)
+            self.live.count_steps(self._token_steps, len(times), series.generation_tokens, observations)
             self._token_steps += len(times)
             self._last_token = times[-1]
             observations.observe_all(series.itl, gaps)
@@ -434,8 +403,8 @@ class Request:
             self._pending.clear()
             self.decode_run = None
             return True
-        counts, prompt = self._counts, self._prompt
-        if not self.drain() or any(c is not None and not c.ready() for c in (counts, prompt)):
+        counts = self._counts
+        if not self.drain() or (counts is not None and not counts.ready()) or not self.live.prompt_ready():
             return False
         series = self.series
         # A cancelled request's decode was cut short: it gets no per-request latency observations.
@@ -446,12 +415,10 @@ class Request:
             generated = counts.value()[0]
         elif self._status == "cancelled" or self.owner is None:
             # No output to count (a cancelled generate, a tracked request): every row's tokens so far.
-            generated = self._rows * self._token_steps
+            generated = self.live.rows * self._token_steps
         else:  # a generate whose output could not be counted (an error already reported): as counted
             return True
-        prompt_tokens = self._prompt_value() or 0
-        counted_prompt = prompt_tokens if self._prompt_counted else 0
-        series.settle_request_tokens(prompt_tokens, generated, counted_prompt, self._generated_counted)
+        self.live.settle(series, generated)
         return True
 
     def expired(self) -> bool:

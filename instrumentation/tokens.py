@@ -124,3 +124,49 @@ def generated_count(
     trailing_pad = pad_ids[0] if pad_ids and stops_without_eos(kwargs) else None
     lengths = generated_lengths(sequences[:, prompt_length:], token_ids(eos), trailing_pad)
     return lengths.sum().reshape(1)
+
+
+class LiveTokens:
+    """One request's tokens as the counters have them while it runs (docs/timing.md, "Token counts"): its
+    prompt once its prefill has run, its generated tokens as they are placed, ``rows`` per token step for
+    the first ``every_row_steps`` steps and one after (a row that ended is padded, and only the output
+    says which), topped up to the exact figures when it ends."""
+
+    __slots__ = ("_every_row_steps", "_prompt", "_prompt_counted", "_prompt_tokens", "generated", "rows")
+
+    def __init__(self, prompt: Fetched | None, rows: int, every_row_steps: float) -> None:
+        self._prompt = prompt  # on its way to the host
+        self._prompt_tokens: int | None = None
+        self._prompt_counted = False
+        self.rows = rows
+        self._every_row_steps = every_row_steps
+        self.generated = 0  # counted so far
+
+    def prompt_ready(self) -> bool:
+        return self._prompt is None or self._prompt.ready()
+
+    def _prompt_value(self) -> int | None:
+        """The prompt's token count once it is on the host (read from the device copy once)."""
+        prompt = self._prompt
+        if prompt is not None and prompt.ready():
+            self._prompt, self._prompt_tokens = None, int(prompt.value()[0])
+        return self._prompt_tokens
+
+    def count_prompt(self, counter: Any, observations: Any) -> None:
+        """The prefill has run: its prompt tokens go to ``counter`` (once)."""
+        if not self._prompt_counted and (tokens := self._prompt_value()) is not None:
+            self._prompt_counted = True
+            observations.count(counter, tokens)
+
+    def count_steps(self, done: int, steps: int, counter: Any, observations: Any) -> None:
+        """``steps`` token steps after the first ``done`` were placed: their tokens go to ``counter``."""
+        every_row = max(0, min(done + steps, self._every_row_steps) - done)
+        tokens = int(every_row * self.rows + steps - every_row)
+        self.generated += tokens
+        observations.count(counter, tokens)
+
+    def settle(self, series: Any, generated: int) -> None:
+        """The request ended having generated ``generated`` tokens: the series get the exact figures."""
+        prompt = self._prompt_value() or 0
+        counted_prompt = prompt if self._prompt_counted else 0
+        series.settle_request_tokens(prompt, generated, counted_prompt, self.generated)

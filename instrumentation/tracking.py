@@ -15,6 +15,7 @@ Leaving the block records the outcome: ok, or error / oom when an exception esca
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 
 import torch
@@ -25,6 +26,7 @@ from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import device_label
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.series import STATUSES, series_for
+from inferwatch.instrumentation.tokens import LiveTokens
 from inferwatch.instrumentation.worker import SAMPLER
 from prometheus_client import CollectorRegistry
 
@@ -62,9 +64,8 @@ class RequestTracker:
             if open_arrival is not None:
                 claimed = open_arrival.claim()
                 arrival = claimed if arrival is None else arrival
-            self._request = Request(
-                self._series, self._clock, prompt=Known([self._prompt_tokens]), arrival=arrival
-            )
+            live = LiveTokens(Known([self._prompt_tokens]), 1, math.inf)
+            self._request = Request(self._series, self._clock, live=live, arrival=arrival)
             self._context_token = CURRENT_REQUEST.set(self._request)
         except Exception as exc:
             self._errors.report("track", exc)
