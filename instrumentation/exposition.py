@@ -15,13 +15,15 @@ Three ways to get the metrics of an instrumented model to Prometheus:
 
 All three answer GET and HEAD (405 otherwise), choose between the text format and OpenMetrics by the
 ``q`` values of ``Accept`` (prometheus_client's encoders and their versions and escapings), and
-compress with gzip when ``Accept-Encoding`` accepts it. Everything here resolves ``registry=None``
-through :func:`serving_registry`, so the same call serves the right registry in both single-process
-and multiprocess mode.
+compress with gzip when ``Accept-Encoding`` accepts it; ``name[]`` in the query string restricts the
+answer to the samples of those names. The apps collect the registry for every request. Everything
+here resolves ``registry=None`` through :func:`serving_registry`, so the same call serves the right
+registry in both single-process and multiprocess mode.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import gzip
 import logging
@@ -48,6 +50,7 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.multiprocess import mark_process_dead as _mark_process_dead
 from prometheus_client.registry import Collector
@@ -150,22 +153,65 @@ class Exposition(NamedTuple):
     headers: tuple[tuple[str, str], ...]
 
 
-def render(
-    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
-) -> Exposition:
-    """The exposition of ``registry`` as the request headers ask for it; ``name[]`` in the query string
-    restricts it to those metric names, as with prometheus_client."""
+class _Variant(NamedTuple):
+    """What the answer to a request depends on: requests that ask for the same variant get the same bytes."""
+
+    media: str  # the ``Accept`` entry that chose the format, for prometheus_client's choose_encoder
+    gzip: bool
+    names: frozenset[str] | None  # ``name[]`` of the query string; None: every metric
+
+
+def _variant(accept: str | None, accept_encoding: str | None, query: str) -> _Variant:
     chosen = choose_media_type(accept, (TEXT, OPENMETRICS))
-    encoder, content_type = choose_encoder(chosen[1] if chosen else "")
     names = parse_qs(query).get("name[]")
-    if names and isinstance(registry, CollectorRegistry):
-        registry = registry.restricted_registry(names)
-    body = encoder(registry)
+    return _Variant(
+        chosen[1] if chosen else "", gzip_acceptable(accept_encoding), frozenset(names) if names else None
+    )
+
+
+class _Collected:
+    """Metric families collected once, as a collector: prometheus_client's encoders take anything with
+    ``collect()``, so one collection can be encoded in every format."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def _restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric]:
+    """The families with only their samples named in ``names``, those left with none dropped: what
+    prometheus_client's restricted registry serves (``name[]``), for any collector, with units kept."""
+    out = []
+    for family in families:
+        samples = [sample for sample in family.samples if sample.name in names]
+        if samples:
+            kept = copy.copy(family)
+            kept.samples = samples
+            out.append(kept)
+    return out
+
+
+def _encode(collected: Collector, variant: _Variant) -> Exposition:
+    encoder, content_type = choose_encoder(variant.media)
+    body = encoder(collected)
     headers = [("Content-Type", content_type)]
-    if gzip_acceptable(accept_encoding):
+    if variant.gzip:
         body = gzip.compress(body, compresslevel=_GZIP_LEVEL)
         headers.append(("Content-Encoding", "gzip"))
     return Exposition(body, tuple(headers))
+
+
+def render(
+    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
+) -> Exposition:
+    """The exposition of ``registry``, collected now, as the request headers ask for it; ``name[]`` in
+    the query string restricts it to the samples of those names, as with prometheus_client."""
+    variant = _variant(accept, accept_encoding, query)
+    if variant.names is not None:
+        registry = _Collected(_restricted(registry.collect(), variant.names))
+    return _encode(registry, variant)
 
 
 def _method_not_allowed() -> Exposition:

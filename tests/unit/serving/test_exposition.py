@@ -23,7 +23,8 @@ from inferwatch.instrumentation.exposition import (
     multiprocess_registry,
     start_http_server,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
 
 from tests.support import http_get, sample_value
 from tests.support.httpload import Load, Target
@@ -222,3 +223,36 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorR
     assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
     assert load.latencies.errors == [], load.latencies.errors[:5]
     assert len(load.latencies.seconds) > 50  # slowed down, still answered
+
+
+class _Families:
+    """A collector that is not a registry: ``name[]`` restricts it too."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> list[Metric]:
+        return list(self._registry.collect())
+
+
+@pytest.mark.parametrize(("app", "collector"), [("endpoint", False), ("wsgi", False), ("endpoint", True)])
+def test_name_restricts_the_answer_to_those_samples(app: str, collector: bool) -> None:
+    registry = CollectorRegistry()
+    Counter("llm_test_events", "Events.", registry=registry).inc(3)
+    Gauge("llm_test_wait_seconds", "A wait.", unit="seconds", registry=registry).set(2)
+    Gauge("llm_test_other", "Not asked for.", registry=registry).set(1)
+    served = _Families(registry) if collector else registry
+    query = "name[]=llm_test_wait_seconds&name[]=llm_test_events_total"
+    accept = "application/openmetrics-text;version=1.0.0"
+    if app == "endpoint":
+        with start_http_server(0, registry=served) as server:
+            _, body = _request(server.port, path=f"/metrics?{query}", Accept=accept)
+    else:
+        environ = {"REQUEST_METHOD": "GET", "QUERY_STRING": query, "HTTP_ACCEPT": accept}
+        body = b"".join(make_wsgi_app(served)(environ, lambda status, headers: None))
+    text = body.decode()
+    # The samples asked for, with their families' metadata (the unit too); llm_test_events_created and
+    # llm_test_other are not.
+    assert "# UNIT llm_test_wait_seconds seconds" in text
+    assert "llm_test_wait_seconds 2.0" in text and "llm_test_events_total 3.0" in text
+    assert "llm_test_events_created" not in text and "llm_test_other" not in text
