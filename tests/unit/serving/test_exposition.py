@@ -14,20 +14,26 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from inferwatch.instrumentation import exposition
 from inferwatch.instrumentation.exposition import (
+    AGE_HEADER,
     CPU_BURST,
     CPU_SHARE,
+    MAX_AGE,
     PortInUseError,
+    _EndpointApp,
     make_asgi_app,
     make_wsgi_app,
     multiprocess_registry,
     start_http_server,
 )
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tests.support import http_get, sample_value
 from tests.support.httpload import Load, Target
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"
 
 
 @pytest.fixture
@@ -223,6 +229,124 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorR
     assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
     assert load.latencies.errors == [], load.latencies.errors[:5]
     assert len(load.latencies.seconds) > 50  # slowed down, still answered
+
+
+class _Slow:
+    """A collector that takes ``cpu`` seconds of CPU to collect and counts its collections in a gauge."""
+
+    def __init__(self, cpu: float) -> None:
+        self.cpu = cpu
+        self.collections = 0
+
+    def collect(self) -> list[Metric]:
+        started = time.thread_time()
+        while time.thread_time() - started < self.cpu:
+            pass
+        self.collections += 1
+        return [GaugeMetricFamily("llm_test_collections", "Collections so far.", value=self.collections)]
+
+
+def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str]:
+    """One GET through ``app`` as ASGI; the answer's headers (lower-case names) and text."""
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/metrics",
+        "query_string": query,
+        "headers": [(b"accept", accept.encode())],
+    }
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start, body = sent
+    assert start["status"] == 200
+    headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    return headers, body["body"].decode()
+
+
+def _collections(text: str) -> float | None:
+    return sample_value(text.replace("# EOF\n", ""), "llm_test_collections")
+
+
+def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> None:
+    slow = _Slow(cpu=0.01)
+    app = _EndpointApp(slow)
+    # Collected for each request until the renderings' budget is spent (its 50 ms burst: ~5 of these).
+    for _ in range(10):
+        headers, _ = _get(app, "text/plain")
+    collected = slow.collections
+    assert 3 <= collected <= 8, collected
+    # Past the budget, both formats get the last collection, encoded once each, and say how old it is.
+    for accept in ["text/plain", OPENMETRICS_ACCEPT] * 5:
+        headers, text = _get(app, accept)
+        assert _collections(text) == collected
+        assert headers["age"] == "0"
+        assert 0 <= float(headers[AGE_HEADER.lower()]) < MAX_AGE
+    assert slow.collections == collected
+    # Once it is MAX_AGE old, the next request gets a new collection whatever the budget says.
+    time.sleep(MAX_AGE + 0.05)
+    headers, text = _get(app, OPENMETRICS_ACCEPT)
+    assert _collections(text) == collected + 1 == slow.collections
+    assert "age" not in headers and float(headers[AGE_HEADER.lower()]) < 0.1
+
+
+class _Clock:
+    """``time`` for the exposition module with a monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def thread_time(self) -> float:
+        return time.thread_time()
+
+
+class _Budget:
+    def __init__(self, available: bool) -> None:
+        self.is_available = available
+
+    def available(self) -> bool:
+        return self.is_available
+
+
+def test_what_the_endpoint_collects_again_and_what_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(exposition, "time", clock)
+    slow = _Slow(cpu=0.0)
+    app = _EndpointApp(slow)
+    rendering, refreshing = _Budget(True), _Budget(True)
+    app._rendering, app._refreshing = rendering, refreshing  # type: ignore[assignment]
+
+    def scrape(accept: str = "text/plain") -> tuple[float | None, str | None, str]:
+        headers, text = _get(app, accept)
+        return _collections(text), headers.get("age"), headers[AGE_HEADER.lower()]
+
+    # Within the renderings' budget, every request gets a collection of its own, as old as it took.
+    assert scrape() == (1, None, "0.000")
+    assert scrape(OPENMETRICS_ACCEPT) == (2, None, "0.000")
+    # Beyond it, the last collection, for every variant, saying how old it is.
+    rendering.is_available = False
+    clock.now += 0.5
+    assert scrape() == (2, "0", "0.500")
+    assert scrape(OPENMETRICS_ACCEPT) == (2, "0", "0.500")
+    # MAX_AGE old: collected again, whatever the renderings' budget says.
+    clock.now += MAX_AGE - 0.5
+    assert scrape(OPENMETRICS_ACCEPT) == (3, None, "0.000")
+    # A registry too costly to collect every MAX_AGE within REFRESH_SHARE is kept until paid back, and
+    # its answers say so, in whole seconds too (RFC 9111's Age).
+    refreshing.is_available = False
+    clock.now += 1.25
+    assert scrape() == (3, "1", "1.250")
+    refreshing.is_available = True
+    assert scrape() == (4, None, "0.000")
 
 
 class _Families:
