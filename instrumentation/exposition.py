@@ -29,7 +29,9 @@ import errno
 import gzip
 import logging
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -97,13 +99,15 @@ MAX_AGE = 0.75
 RENDER_SHARE = 0.005
 #: Rendering CPU seconds that may be spent at once after a quiet spell (about ten renderings).
 RENDER_BURST = 0.05
-#: The part of a core renderings may take to keep answers within :data:`MAX_AGE`, the rest of
-#: :data:`CPU_SHARE` being left to answering requests. A registry whose collection, with the encodings
-#: asked of it, takes more than ``MAX_AGE * REFRESH_SHARE`` (15 ms) is collected again only once that
-#: CPU is paid back at this share, and the answers are older than ``MAX_AGE`` (and say so).
+#: About the part of a core renderings may take to keep answers within :data:`MAX_AGE`, the rest of
+#: :data:`CPU_SHARE` being left to answering requests: a registry whose collections, with the encodings
+#: asked of them, typically take more than ``MAX_AGE * REFRESH_SHARE`` (15 ms) is collected again only
+#: once that CPU is paid back at this share, and its answers are older than ``MAX_AGE`` (and say so).
 REFRESH_SHARE = 0.02
-#: Refreshing CPU seconds that may be spent at once after a quiet spell.
-REFRESH_BURST = 0.05
+#: The last collections whose CPU (with their encodings) makes the typical cost, as their median: one
+#: slow collection (a garbage collection, the kernel reclaiming memory while it runs) does not hold the
+#: next one back.
+_COSTS_KEPT = 3
 #: The endpoint's response header with the age, in seconds, of the collection the answer was encoded
 #: from, as it is sent (``0.412``); answers from a collection made for an earlier request also carry
 #: ``Age`` (RFC 9111, whole seconds), as a cache would.
@@ -297,6 +301,7 @@ class _Snapshot:
         self.families = families
         self.taken = taken  # time.monotonic() when the collection began
         self.answers: dict[_Variant, Exposition] = {}
+        self.cost = 0.0  # CPU seconds of the collection and of every encoding of it
 
     def answer(self, variant: _Variant) -> Exposition:
         answer = self.answers.get(variant)
@@ -318,11 +323,12 @@ class _EndpointApp:
     gets an answer encoded from one collection of the registry that every variant (format, compression,
     names) shares, each variant encoded from it once: a new collection while renderings have used less
     than :data:`RENDER_SHARE` (every answer is then collected for its request), or when the last one is
-    ``MAX_AGE`` old and renderings have used less than :data:`REFRESH_SHARE`; else the last one. Under
-    several scrapes a second the answers are up to ``MAX_AGE`` old instead of the serving process slow,
-    whatever variants the clients ask for, and renderings take about one collection per ``MAX_AGE`` plus
-    one encoding per variant asked for, at most ``REFRESH_SHARE`` of a core; the thread as a whole at
-    most ``CPU_SHARE``. Each answer says how old its collection is (:data:`AGE_HEADER`).
+    ``MAX_AGE`` old; else the last one. Under several scrapes a second the answers are up to ``MAX_AGE``
+    old instead of the serving process slow, whatever variants the clients ask for, and renderings take
+    one collection per ``MAX_AGE`` plus one encoding per variant asked for. Where that would be more
+    than :data:`REFRESH_SHARE` of a core (a typical collection over 15 ms), a collection is kept until
+    its cost is paid back at that share instead. The thread as a whole stays within ``CPU_SHARE``. Each
+    answer says how old its collection is (:data:`AGE_HEADER`).
     """
 
     def __init__(self, registry: Collector) -> None:
@@ -330,8 +336,14 @@ class _EndpointApp:
         self._requests = CpuBudget(CPU_SHARE, CPU_BURST)
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
-        self._refreshing = CpuBudget(REFRESH_SHARE, REFRESH_BURST, clock=lambda: self._rendered)
         self._snapshot: _Snapshot | None = None
+        self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
+
+    def _max_age(self) -> float:
+        """How old the last collection may get before a request collects again: MAX_AGE, or the time the
+        typical collection's cost takes to pay back at REFRESH_SHARE, whichever is longer."""
+        typical = statistics.median(self._costs) if self._costs else 0.0
+        return max(MAX_AGE, typical / REFRESH_SHARE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -360,13 +372,16 @@ class _EndpointApp:
         try:
             snapshot, now = self._snapshot, time.monotonic()
             collected = (
-                snapshot is None
-                or self._rendering.available()
-                or (now - snapshot.taken >= MAX_AGE and self._refreshing.available())
+                snapshot is None or self._rendering.available() or now - snapshot.taken >= self._max_age()
             )
             if snapshot is None or collected:
-                snapshot = self._snapshot = _Snapshot(list(self._registry.collect()), now)
-            return snapshot.answer(variant), snapshot, collected
+                families = list(self._registry.collect())
+                if snapshot is not None:
+                    self._costs.append(snapshot.cost)
+                snapshot = self._snapshot = _Snapshot(families, now)
+            answer = snapshot.answer(variant)
+            snapshot.cost += time.thread_time() - started
+            return answer, snapshot, collected
         finally:
             self._rendered += time.thread_time() - started
 

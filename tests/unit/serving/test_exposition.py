@@ -20,6 +20,7 @@ from inferwatch.instrumentation.exposition import (
     CPU_BURST,
     CPU_SHARE,
     MAX_AGE,
+    REFRESH_SHARE,
     PortInUseError,
     _EndpointApp,
     make_asgi_app,
@@ -297,16 +298,31 @@ def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> 
 
 
 class _Clock:
-    """``time`` for the exposition module with a monotonic clock the test moves."""
+    """``time`` for the exposition module: wall and CPU clocks the test moves."""
 
     def __init__(self) -> None:
         self.now = 1000.0
+        self.cpu = 0.0
 
     def monotonic(self) -> float:
         return self.now
 
     def thread_time(self) -> float:
-        return time.thread_time()
+        return self.cpu
+
+
+class _Costly:
+    """A collector whose collections take ``cost`` CPU seconds of ``clock`` each, counted in a gauge."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.cost = 0.001
+        self.collections = 0
+
+    def collect(self) -> list[Metric]:
+        self.clock.cpu += self.cost
+        self.collections += 1
+        return [GaugeMetricFamily("llm_test_collections", "Collections so far.", value=self.collections)]
 
 
 class _Budget:
@@ -317,19 +333,26 @@ class _Budget:
         return self.is_available
 
 
-def test_what_the_endpoint_collects_again_and_what_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, _Costly, _Budget, Any]:
+    """An endpoint app on a clock the test moves; its renderings' budget says what the test sets."""
     clock = _Clock()
     monkeypatch.setattr(exposition, "time", clock)
-    slow = _Slow(cpu=0.0)
-    app = _EndpointApp(slow)
-    rendering, refreshing = _Budget(True), _Budget(True)
-    app._rendering, app._refreshing = rendering, refreshing  # type: ignore[assignment]
+    collector = _Costly(clock)
+    app = _EndpointApp(collector)
+    rendering = _Budget(True)
+    app._rendering = rendering  # type: ignore[assignment]
 
     def scrape(accept: str = "text/plain") -> tuple[float | None, str | None, str]:
         headers, text = _get(app, accept)
         return _collections(text), headers.get("age"), headers[AGE_HEADER.lower()]
 
-    # Within the renderings' budget, every request gets a collection of its own, as old as it took.
+    return clock, collector, rendering, scrape
+
+
+def test_what_the_endpoint_collects_again_and_what_it_says(clocked: Any) -> None:
+    clock, collector, rendering, scrape = clocked
+    # Within the renderings' budget, every request gets a collection of its own.
     assert scrape() == (1, None, "0.000")
     assert scrape(OPENMETRICS_ACCEPT) == (2, None, "0.000")
     # Beyond it, the last collection, for every variant, saying how old it is.
@@ -340,13 +363,30 @@ def test_what_the_endpoint_collects_again_and_what_it_says(monkeypatch: pytest.M
     # MAX_AGE old: collected again, whatever the renderings' budget says.
     clock.now += MAX_AGE - 0.5
     assert scrape(OPENMETRICS_ACCEPT) == (3, None, "0.000")
-    # A registry too costly to collect every MAX_AGE within REFRESH_SHARE is kept until paid back, and
-    # its answers say so, in whole seconds too (RFC 9111's Age).
-    refreshing.is_available = False
+    # Collections that typically take 30 ms, more than MAX_AGE * REFRESH_SHARE, are collected again once
+    # paid back at REFRESH_SHARE: 1.5 s. The answers say how old they are, in whole seconds too (Age).
+    collector.cost = 0.03
+    for collections in (4, 5, 6):  # the median of the three before the last turns costly at the 6th
+        clock.now += MAX_AGE
+        assert scrape()[0] == collections
     clock.now += 1.25
-    assert scrape() == (3, "1", "1.250")
-    refreshing.is_available = True
-    assert scrape() == (4, None, "0.000")
+    assert scrape() == (6, "1", "1.250")
+    clock.now += 0.03 / REFRESH_SHARE - 1.25
+    assert scrape() == (7, None, "0.000")
+
+
+def test_one_slow_collection_does_not_hold_the_next_back(clocked: Any) -> None:
+    clock, collector, rendering, scrape = clocked
+    rendering.is_available = False
+    for collections in range(1, 5):
+        assert scrape()[0] == collections
+        clock.now += MAX_AGE
+    collector.cost = 0.3  # a garbage collection, or the kernel reclaiming memory, in its middle
+    assert scrape()[0] == 5
+    collector.cost = 0.001
+    for collections in (6, 7):  # not kept 15 s, until 0.3 s are paid back at REFRESH_SHARE
+        clock.now += MAX_AGE
+        assert scrape() == (collections, None, "0.000")
 
 
 class _Families:
