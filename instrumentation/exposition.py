@@ -7,7 +7,8 @@ Three ways to get the metrics of an instrumented model to Prometheus:
   server: HTTP/1.1 with keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle,
   slow-request and connection limits), and a CPU budget, so that however hard it is scraped it takes
   no more than :data:`CPU_SHARE` of a core from the serving loop, while no answer comes from a
-  collection of the registry older than :data:`MAX_AGE`;
+  collection of the registry older than :data:`MAX_AGE` (unless the registry typically takes more than
+  ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it takes to pay that back);
 * :func:`make_wsgi_app` / :func:`make_asgi_app` return an app to mount on the serving framework's own
   server (Flask, Django, FastAPI, Starlette...), so no second port is needed;
 * in a server with several worker processes (gunicorn, uvicorn ``--workers``), prometheus_client's
