@@ -6,7 +6,9 @@ Three ways to get the metrics of an instrumented model to Prometheus:
   other path answer the exposition, like prometheus_client's server), built for living inside a model
   server: HTTP/1.1 with keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle,
   slow-request and connection limits), and a CPU budget, so that however hard it is scraped it takes
-  no more than :data:`CPU_SHARE` of a core from the serving loop;
+  no more than :data:`CPU_SHARE` of a core from the serving loop, while no answer comes from a
+  collection of the registry older than :data:`MAX_AGE` (unless the registry typically takes more than
+  ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it takes to pay that back);
 * :func:`make_wsgi_app` / :func:`make_asgi_app` return an app to mount on the serving framework's own
   server (Flask, Django, FastAPI, Starlette...), so no second port is needed;
 * in a server with several worker processes (gunicorn, uvicorn ``--workers``), prometheus_client's
@@ -15,18 +17,22 @@ Three ways to get the metrics of an instrumented model to Prometheus:
 
 All three answer GET and HEAD (405 otherwise), choose between the text format and OpenMetrics by the
 ``q`` values of ``Accept`` (prometheus_client's encoders and their versions and escapings), and
-compress with gzip when ``Accept-Encoding`` accepts it. Everything here resolves ``registry=None``
-through :func:`serving_registry`, so the same call serves the right registry in both single-process
-and multiprocess mode.
+compress with gzip when ``Accept-Encoding`` accepts it; ``name[]`` in the query string restricts the
+answer to the samples of those names. The apps collect the registry for every request. Everything
+here resolves ``registry=None`` through :func:`serving_registry`, so the same call serves the right
+registry in both single-process and multiprocess mode.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import gzip
 import logging
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -48,6 +54,7 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.multiprocess import mark_process_dead as _mark_process_dead
 from prometheus_client.registry import Collector
@@ -76,20 +83,40 @@ DEFAULT_PORT = 8797
 DEFAULT_ADDRESS = "127.0.0.1"
 
 #: The share of one core :func:`start_http_server`'s thread may use, averaged, however it is scraped
-#: (docs/serving.md, "The metrics endpoint"): parsing, rendering, compressing. The serving loop's Python
-#: thread loses about as much to it through the GIL (docs/benchmarks.md).
+#: (docs/serving.md, "The metrics endpoint"): parsing, collecting, encoding, compressing. The serving
+#: loop's Python thread loses about as much to it through the GIL (docs/benchmarks.md).
 CPU_SHARE = 0.025
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
 CPU_BURST = 0.1
-#: The part of a core renderings may take (the rest of CPU_SHARE answers requests): beyond, a rendering
-#: is served again to requests of the same kind instead of a new one (a 5 ms rendering: one a second).
+#: The oldest, in seconds, the collection of the registry an answer of :func:`start_http_server` is
+#: encoded from may be when the request is taken up, whatever the other clients ask for: an older one is
+#: collected again (docs/serving.md, "The metrics endpoint"). Below the shortest scrape interval in
+#: common use (1 s) by a quarter of a second of scheduling jitter, so that a client scraping every
+#: second or less often never gets the collection it got before.
+MAX_AGE = 0.75
+#: The part of a core renderings (collecting and encoding) may take while every answer is collected
+#: afresh: beyond (several scrapes a second), a request is answered from the last collection while it is
+#: younger than :data:`MAX_AGE`. At a normal scrape rate every answer is collected for its request.
 RENDER_SHARE = 0.005
 #: Rendering CPU seconds that may be spent at once after a quiet spell (about ten renderings).
 RENDER_BURST = 0.05
+#: About the part of a core renderings may take to keep answers within :data:`MAX_AGE`, the rest of
+#: :data:`CPU_SHARE` being left to answering requests: a registry whose collections, with the encodings
+#: asked of them, typically take more than ``MAX_AGE * REFRESH_SHARE`` (15 ms) is collected again only
+#: once that CPU is paid back at this share, and its answers are older than ``MAX_AGE`` (and say so).
+REFRESH_SHARE = 0.02
+#: The last collections whose CPU (with their encodings) makes the typical cost, as their median: one
+#: slow collection (a garbage collection, the kernel reclaiming memory while it runs) does not hold the
+#: next one back.
+_COSTS_KEPT = 3
+#: The endpoint's response header with the age, in seconds, of the collection the answer was encoded
+#: from, as it is sent (``0.412``); answers from a collection made for an earlier request also carry
+#: ``Age`` (RFC 9111, whole seconds), as a cache would.
+AGE_HEADER = "Inferwatch-Collection-Age"
 # Level 1: a fifth of the size for a fraction of the CPU of gzip's default level 9.
 _GZIP_LEVEL = 1
-# Renderings kept for reuse, one per variant of request headers: a client sending a new Accept header
-# with every request must not grow memory.
+# Answers kept per collection, one per variant of what requests ask for (format, compression, names): a
+# client asking for a new variant with every request must not grow memory.
 _RENDERS_KEPT = 8
 
 log = logging.getLogger(__name__)
@@ -150,22 +177,65 @@ class Exposition(NamedTuple):
     headers: tuple[tuple[str, str], ...]
 
 
-def render(
-    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
-) -> Exposition:
-    """The exposition of ``registry`` as the request headers ask for it; ``name[]`` in the query string
-    restricts it to those metric names, as with prometheus_client."""
+class _Variant(NamedTuple):
+    """What the answer to a request depends on: requests that ask for the same variant get the same bytes."""
+
+    media: str  # the ``Accept`` entry that chose the format, for prometheus_client's choose_encoder
+    gzip: bool
+    names: frozenset[str] | None  # ``name[]`` of the query string; None: every metric
+
+
+def _variant(accept: str | None, accept_encoding: str | None, query: str) -> _Variant:
     chosen = choose_media_type(accept, (TEXT, OPENMETRICS))
-    encoder, content_type = choose_encoder(chosen[1] if chosen else "")
     names = parse_qs(query).get("name[]")
-    if names and isinstance(registry, CollectorRegistry):
-        registry = registry.restricted_registry(names)
-    body = encoder(registry)
+    return _Variant(
+        chosen[1] if chosen else "", gzip_acceptable(accept_encoding), frozenset(names) if names else None
+    )
+
+
+class _Collected:
+    """Metric families collected once, as a collector: prometheus_client's encoders take anything with
+    ``collect()``, so one collection can be encoded in every format."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def _restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric]:
+    """The families with only their samples named in ``names``, those left with none dropped: what
+    prometheus_client's restricted registry serves (``name[]``), for any collector, with units kept."""
+    out = []
+    for family in families:
+        samples = [sample for sample in family.samples if sample.name in names]
+        if samples:
+            kept = copy.copy(family)
+            kept.samples = samples
+            out.append(kept)
+    return out
+
+
+def _encode(collected: Collector, variant: _Variant) -> Exposition:
+    encoder, content_type = choose_encoder(variant.media)
+    body = encoder(collected)
     headers = [("Content-Type", content_type)]
-    if gzip_acceptable(accept_encoding):
+    if variant.gzip:
         body = gzip.compress(body, compresslevel=_GZIP_LEVEL)
         headers.append(("Content-Encoding", "gzip"))
     return Exposition(body, tuple(headers))
+
+
+def render(
+    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
+) -> Exposition:
+    """The exposition of ``registry``, collected now, as the request headers ask for it; ``name[]`` in
+    the query string restricts it to the samples of those names, as with prometheus_client."""
+    variant = _variant(accept, accept_encoding, query)
+    if variant.names is not None:
+        registry = _Collected(_restricted(registry.collect(), variant.names))
+    return _encode(registry, variant)
 
 
 def _method_not_allowed() -> Exposition:
@@ -225,22 +295,56 @@ async def _send(send: Send, status: int, answer: Exposition, head: bool) -> None
     await respond(send, status, answer.headers, answer.body, head=head)
 
 
-class _EndpointApp:
-    """:func:`start_http_server`'s app: :func:`make_asgi_app` within two CPU budgets.
+class _Snapshot:
+    """One collection of the registry, and the answers encoded from it so far, by variant."""
 
-    Every request waits while the loop thread has used more than :data:`CPU_SHARE`. Every answer is
-    rendered afresh while renderings have used less than :data:`RENDER_SHARE`; beyond (several scrapes a
-    second), a request gets the last rendering of its variant (format, compression, names), at most the
-    time one rendering takes to pay back old (a 5 ms rendering: 1 s). The answers are then a little old
-    instead of the serving process slow; at a normal scrape rate they are always fresh.
+    def __init__(self, families: list[Metric], taken: float) -> None:
+        self.families = families
+        self.taken = taken  # time.monotonic() when the collection began
+        self.answers: dict[_Variant, Exposition] = {}
+        self.cost = 0.0  # CPU seconds of the collection and of every encoding of it
+
+    def answer(self, variant: _Variant) -> Exposition:
+        answer = self.answers.get(variant)
+        if answer is None:
+            families = self.families
+            if variant.names is not None:
+                families = _restricted(families, variant.names)
+            answer = self.answers[variant] = _encode(_Collected(families), variant)
+            if len(self.answers) > _RENDERS_KEPT:
+                del self.answers[next(iter(self.answers))]  # the first encoded
+        return answer
+
+
+class _EndpointApp:
+    """:func:`start_http_server`'s app: the answers of :func:`make_asgi_app` within CPU budgets, from
+    collections at most :data:`MAX_AGE` old.
+
+    Every request waits while the loop thread has used more than :data:`CPU_SHARE`. Once taken up, it
+    gets an answer encoded from one collection of the registry that every variant (format, compression,
+    names) shares, each variant encoded from it once: a new collection while renderings have used less
+    than :data:`RENDER_SHARE` (every answer is then collected for its request), or when the last one is
+    ``MAX_AGE`` old; else the last one. Under several scrapes a second the answers are up to ``MAX_AGE``
+    old instead of the serving process slow, whatever variants the clients ask for, and renderings take
+    one collection per ``MAX_AGE`` plus one encoding per variant asked for. Where that would be more
+    than :data:`REFRESH_SHARE` of a core (a typical collection over 15 ms), a collection is kept until
+    its cost is paid back at that share instead. The thread as a whole stays within ``CPU_SHARE``. Each
+    answer says how old its collection is (:data:`AGE_HEADER`).
     """
 
     def __init__(self, registry: Collector) -> None:
         self._registry = registry
         self._requests = CpuBudget(CPU_SHARE, CPU_BURST)
-        self._rendered = 0.0  # CPU seconds every rendering took, together
+        self._rendered = 0.0  # CPU seconds every collection and encoding took, together
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
-        self._renders: dict[tuple[str, str, str], Exposition] = {}
+        self._snapshot: _Snapshot | None = None
+        self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
+
+    def _max_age(self) -> float:
+        """How old the last collection may get before a request collects again: MAX_AGE, or the time the
+        typical collection's cost takes to pay back at REFRESH_SHARE, whichever is longer."""
+        typical = statistics.median(self._costs) if self._costs else 0.0
+        return max(MAX_AGE, typical / REFRESH_SHARE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -251,25 +355,36 @@ class _EndpointApp:
             return
         await self._requests.acquire()
         headers = request_headers(scope)
-        variant = (
-            headers.get("accept", ""),
-            headers.get("accept-encoding", ""),
+        variant = _variant(
+            headers.get("accept"),
+            headers.get("accept-encoding"),
             scope.get("query_string", b"").decode("latin-1"),
         )
-        await _send(send, 200, self._exposition(variant), head=method == "HEAD")
+        answer, snapshot, collected = self._exposition(variant)
+        age = max(0.0, time.monotonic() - snapshot.taken)
+        fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
+        if not collected:
+            fields.append(("Age", str(int(age))))
+        await respond(send, 200, fields, answer.body, head=method == "HEAD")
 
-    def _exposition(self, variant: tuple[str, str, str]) -> Exposition:
-        previous = self._renders.get(variant)
-        if previous is not None and not self._rendering.available():
-            return previous
+    def _exposition(self, variant: _Variant) -> tuple[Exposition, _Snapshot, bool]:
+        """The answer for ``variant``, its collection, and whether that was collected for this request."""
         started = time.thread_time()
-        answer = render(self._registry, *variant)
-        self._rendered += time.thread_time() - started
-        self._renders.pop(variant, None)
-        self._renders[variant] = answer
-        if len(self._renders) > _RENDERS_KEPT:
-            del self._renders[next(iter(self._renders))]  # the least recently rendered
-        return answer
+        try:
+            snapshot, now = self._snapshot, time.monotonic()
+            collected = (
+                snapshot is None or self._rendering.available() or now - snapshot.taken >= self._max_age()
+            )
+            if snapshot is None or collected:
+                families = list(self._registry.collect())
+                if snapshot is not None:
+                    self._costs.append(snapshot.cost)
+                snapshot = self._snapshot = _Snapshot(families, now)
+            answer = snapshot.answer(variant)
+            snapshot.cost += time.thread_time() - started
+            return answer, snapshot, collected
+        finally:
+            self._rendered += time.thread_time() - started
 
 
 @dataclass

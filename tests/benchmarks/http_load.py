@@ -19,8 +19,10 @@ or SIGINT (alternating), ``--tries`` times: exit status, seconds to exit, port f
 greedy requests of 32 prompt and 32 new tokens without pause, metrics on ``start_http_server``), scraped
 with Prometheus' request headers (gzip accepted), its tokens/s measured over windows that take turns:
 unscraped, 50 keep-alive scrapers at one scrape a second, 50 scrapers back to back, 1000 connections
-trickling a byte a second; each loaded window's tokens/s against the mean of the unscraped windows on
-either side, the scrapers' latencies, and the CPU of the endpoint's thread.
+trickling a byte a second (``--kinds`` picks among the three); each loaded window's tokens/s against the
+mean of the unscraped windows on either side, the scrapers' latencies, the age of the collections the
+answers stated (``Inferwatch-Collection-Age``, where the endpoint sends it), and the CPU of the
+endpoint's thread.
 
 ``--baseline DIR`` runs the same against an older tree laid out as a package, e.g. the commit before
 issue 15::
@@ -267,7 +269,7 @@ def measure_signals(source: Path | None, tries: int) -> dict[str, Any]:
 def tokens_per_second(requests: Path, start: float, end: float) -> float:
     """The serving loop's rate between ``start`` and ``end`` (``time.monotonic()``, one clock for every
     process), from the requests it logged as they finished. Not from the endpoint: under a flood it
-    may answer with a rendering up to a second old, which is the point of its budget."""
+    answers from a collection up to MAX_AGE old, which is the point of its budget."""
     finished = []
     for line in requests.read_text().splitlines():
         when, total = line.split()
@@ -319,13 +321,15 @@ def serve_model(port: int, requests: Path) -> None:
             log.write(f"{time.monotonic()} {generated}\n")
 
 
+INSTRUMENTATION_KINDS = ("scrapers50_paced", "scrapers50_flat_out", "trickle1000")
+
+
 def measure_instrumentation(
-    source: Path | None, rounds: int, seconds: float, workdir: Path
+    source: Path | None, rounds: int, seconds: float, workdir: Path, kinds: tuple[str, ...]
 ) -> dict[str, Any]:
     port = free_port()
     requests = workdir / f"requests-{port}.log"
     cmd = [sys.executable, __file__, "serve-model", str(port), str(requests)]
-    kinds = ("scrapers50_paced", "scrapers50_flat_out", "trickle1000")
     windows: list[dict[str, Any]] = []
     with tempfile.TemporaryFile() as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environment(source))
@@ -358,9 +362,11 @@ def measure_instrumentation(
                 ratios.append(w["tokens_per_s"] / around)
                 latencies.append(w["scrapes"])
         loaded = [w for w in windows if w["kind"] == kind]
+        ages = [w["scrapes"].get("collection_age_max_s") for w in loaded]
         summary[kind] = {
             "tokens_per_s_ratio_median": round(statistics.median(ratios), 4),
             "ratios": [round(r, 4) for r in ratios],
+            "collection_age_max_s": max(ages) if None not in ages else None,
             "scrapes": latencies,
             "threads_max": max(w["threads_max"] for w in loaded),
             "endpoint_thread_cpu_percent": [w.get("thread_cpu_percent_of_core") for w in loaded],
@@ -393,10 +399,18 @@ def main() -> int:
     parser.add_argument("--tries", type=int, default=40, help="signals sent (default 40)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of instrumentation windows (default 3)")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per instrumentation window")
+    parser.add_argument(
+        "--kinds",
+        default=",".join(INSTRUMENTATION_KINDS),
+        help=f"instrumentation windows to load, comma-separated (default: {','.join(INSTRUMENTATION_KINDS)})",
+    )
     parser.add_argument("--quick", action="store_true", help="half the seconds of the exporter's scenarios")
     parser.add_argument("--real-nvml", action="store_true", help="the exporter reads this machine's GPUs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= set(INSTRUMENTATION_KINDS):
+        parser.error(f"--kinds: choose among {', '.join(INSTRUMENTATION_KINDS)}")
     global REAL_NVML
     REAL_NVML = args.real_nvml
     load.raise_fd_limit(8192)
@@ -422,7 +436,9 @@ def main() -> int:
                 elif part == "signals":
                     results[part] = measure_signals(source, args.tries)
                 else:
-                    results[part] = measure_instrumentation(source, args.rounds, args.window, Path(tmp))
+                    results[part] = measure_instrumentation(
+                        source, args.rounds, args.window, Path(tmp), kinds
+                    )
                 results[f"{part}_load_after"] = load.load_situation()
     print(json.dumps({k: _brief(v) for k, v in report["results"].items()}, indent=1))
     if args.json:

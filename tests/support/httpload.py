@@ -38,16 +38,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+#: The instrumentation endpoint's header with the age of the collection an answer was encoded from
+#: (inferwatch.instrumentation.exposition.AGE_HEADER), lower-case as :func:`exchange` reads headers.
+COLLECTION_AGE = "inferwatch-collection-age"
+
+
 @dataclass
 class Latencies:
-    """Seconds per request, and the errors met, of one scenario."""
+    """Seconds per request, and the errors met, of one scenario; and the collection ages the answers
+    stated, where the server states them (the instrumentation endpoint)."""
 
     seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    ages: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         ms = [s * 1000 for s in self.seconds]
-        return {
+        out = {
             "requests": len(ms),
             "errors": len(self.errors),
             "error_kinds": sorted(set(self.errors))[:5],
@@ -56,6 +63,13 @@ class Latencies:
             "max_ms": round(max(ms), 3) if ms else float("nan"),
             "mean_ms": round(statistics.fmean(ms), 3) if ms else float("nan"),
         }
+        if self.ages:
+            out |= {
+                "collection_age_p50_s": round(percentile(self.ages, 50), 3),
+                "collection_age_p99_s": round(percentile(self.ages, 99), 3),
+                "collection_age_max_s": round(max(self.ages), 3),
+            }
+        return out
 
 
 #: What Prometheus sends with every scrape (its Accept header shortened to the two formats inferwatch
@@ -92,8 +106,14 @@ async def connect(target: Target) -> tuple[asyncio.StreamReader, asyncio.StreamW
     )
 
 
-async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Target) -> int:
-    """One request on an open connection; the status. Raises on a malformed or cut-short answer."""
+async def exchange(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    target: Target,
+    ages: list[float] | None = None,
+) -> int:
+    """One request on an open connection; the status, and the collection age the answer states appended
+    to ``ages`` if it states one. Raises on a malformed or cut-short answer."""
     writer.write(target.request())
     head = await reader.readuntil(b"\r\n\r\n")
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
@@ -113,6 +133,8 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, t
                 break
     else:
         await reader.read()  # until the server closes
+    if ages is not None and COLLECTION_AGE in headers:
+        ages.append(float(headers[COLLECTION_AGE]))
     return status
 
 
@@ -126,7 +148,7 @@ async def keepalive_scraper(target: Target, until: float, period: float, out: La
         try:
             if writer is None:
                 reader, writer = await asyncio.wait_for(connect(target), CONNECT_TIMEOUT)
-            status = await asyncio.wait_for(exchange(reader, writer, target), ANSWER_TIMEOUT)
+            status = await asyncio.wait_for(exchange(reader, writer, target, out.ages), ANSWER_TIMEOUT)
             if status != 200:
                 out.errors.append(f"HTTP {status}")
             else:
@@ -158,7 +180,7 @@ async def fresh_scraper(target: Target, until: float, period: float, out: Latenc
         try:
             reader, writer = await asyncio.wait_for(connect(target), CONNECT_TIMEOUT)
             try:
-                status = await asyncio.wait_for(exchange(reader, writer, target), ANSWER_TIMEOUT)
+                status = await asyncio.wait_for(exchange(reader, writer, target, out.ages), ANSWER_TIMEOUT)
             finally:
                 writer.close()
             if status != 200:

@@ -14,19 +14,27 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from inferwatch.instrumentation import exposition
 from inferwatch.instrumentation.exposition import (
+    AGE_HEADER,
     CPU_BURST,
     CPU_SHARE,
+    MAX_AGE,
+    REFRESH_SHARE,
     PortInUseError,
+    _EndpointApp,
     make_asgi_app,
     make_wsgi_app,
     multiprocess_registry,
     start_http_server,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tests.support import http_get, sample_value
 from tests.support.httpload import Load, Target
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"
 
 
 @pytest.fixture
@@ -222,3 +230,193 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorR
     assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
     assert load.latencies.errors == [], load.latencies.errors[:5]
     assert len(load.latencies.seconds) > 50  # slowed down, still answered
+
+
+class _Slow:
+    """A collector that takes ``cpu`` seconds of CPU to collect and counts its collections in a gauge."""
+
+    def __init__(self, cpu: float) -> None:
+        self.cpu = cpu
+        self.collections = 0
+
+    def collect(self) -> list[Metric]:
+        started = time.thread_time()
+        while time.thread_time() - started < self.cpu:
+            pass
+        self.collections += 1
+        return [GaugeMetricFamily("llm_test_collections", "Collections so far.", value=self.collections)]
+
+
+def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str]:
+    """One GET through ``app`` as ASGI; the answer's headers (lower-case names) and text."""
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/metrics",
+        "query_string": query,
+        "headers": [(b"accept", accept.encode())],
+    }
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start, body = sent
+    assert start["status"] == 200
+    headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    return headers, body["body"].decode()
+
+
+def _collections(text: str) -> float | None:
+    return sample_value(text.replace("# EOF\n", ""), "llm_test_collections")
+
+
+def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> None:
+    slow = _Slow(cpu=0.01)
+    app = _EndpointApp(slow)
+    # Collected for each request until the renderings' budget is spent (its 50 ms burst: ~5 of these).
+    for _ in range(10):
+        headers, _ = _get(app, "text/plain")
+    collected = slow.collections
+    assert 3 <= collected <= 8, collected
+    # Past the budget, both formats get the last collection, encoded once each, and say how old it is.
+    for accept in ["text/plain", OPENMETRICS_ACCEPT] * 5:
+        headers, text = _get(app, accept)
+        assert _collections(text) == collected
+        assert headers["age"] == "0"
+        assert 0 <= float(headers[AGE_HEADER.lower()]) < MAX_AGE
+    assert slow.collections == collected
+    # Once it is MAX_AGE old, the next request gets a new collection whatever the budget says.
+    time.sleep(MAX_AGE + 0.05)
+    headers, text = _get(app, OPENMETRICS_ACCEPT)
+    assert _collections(text) == collected + 1 == slow.collections
+    assert "age" not in headers and float(headers[AGE_HEADER.lower()]) < 0.1
+
+
+class _Clock:
+    """``time`` for the exposition module: wall and CPU clocks the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.cpu = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+class _Costly:
+    """A collector whose collections take ``cost`` CPU seconds of ``clock`` each, counted in a gauge."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.cost = 0.001
+        self.collections = 0
+
+    def collect(self) -> list[Metric]:
+        self.clock.cpu += self.cost
+        self.collections += 1
+        return [GaugeMetricFamily("llm_test_collections", "Collections so far.", value=self.collections)]
+
+
+class _Budget:
+    def __init__(self, available: bool) -> None:
+        self.is_available = available
+
+    def available(self) -> bool:
+        return self.is_available
+
+
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, _Costly, _Budget, Any]:
+    """An endpoint app on a clock the test moves; its renderings' budget says what the test sets."""
+    clock = _Clock()
+    monkeypatch.setattr(exposition, "time", clock)
+    collector = _Costly(clock)
+    app = _EndpointApp(collector)
+    rendering = _Budget(True)
+    app._rendering = rendering  # type: ignore[assignment]
+
+    def scrape(accept: str = "text/plain") -> tuple[float | None, str | None, str]:
+        headers, text = _get(app, accept)
+        return _collections(text), headers.get("age"), headers[AGE_HEADER.lower()]
+
+    return clock, collector, rendering, scrape
+
+
+def test_what_the_endpoint_collects_again_and_what_it_says(clocked: Any) -> None:
+    clock, collector, rendering, scrape = clocked
+    # Within the renderings' budget, every request gets a collection of its own.
+    assert scrape() == (1, None, "0.000")
+    assert scrape(OPENMETRICS_ACCEPT) == (2, None, "0.000")
+    # Beyond it, the last collection, for every variant, saying how old it is.
+    rendering.is_available = False
+    clock.now += 0.5
+    assert scrape() == (2, "0", "0.500")
+    assert scrape(OPENMETRICS_ACCEPT) == (2, "0", "0.500")
+    # MAX_AGE old: collected again, whatever the renderings' budget says.
+    clock.now += MAX_AGE - 0.5
+    assert scrape(OPENMETRICS_ACCEPT) == (3, None, "0.000")
+    # Collections that typically take 30 ms, more than MAX_AGE * REFRESH_SHARE, are collected again once
+    # paid back at REFRESH_SHARE: 1.5 s. The answers say how old they are, in whole seconds too (Age).
+    collector.cost = 0.03
+    for collections in (4, 5, 6):  # the median of the three before the last turns costly at the 6th
+        clock.now += MAX_AGE
+        assert scrape()[0] == collections
+    clock.now += 1.25
+    assert scrape() == (6, "1", "1.250")
+    clock.now += 0.03 / REFRESH_SHARE - 1.25
+    assert scrape() == (7, None, "0.000")
+
+
+def test_one_slow_collection_does_not_hold_the_next_back(clocked: Any) -> None:
+    clock, collector, rendering, scrape = clocked
+    rendering.is_available = False
+    for collections in range(1, 5):
+        assert scrape()[0] == collections
+        clock.now += MAX_AGE
+    collector.cost = 0.3  # a garbage collection, or the kernel reclaiming memory, in its middle
+    assert scrape()[0] == 5
+    collector.cost = 0.001
+    for collections in (6, 7):  # not kept 15 s, until 0.3 s are paid back at REFRESH_SHARE
+        clock.now += MAX_AGE
+        assert scrape() == (collections, None, "0.000")
+
+
+class _Families:
+    """A collector that is not a registry: ``name[]`` restricts it too."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> list[Metric]:
+        return list(self._registry.collect())
+
+
+@pytest.mark.parametrize(("app", "collector"), [("endpoint", False), ("wsgi", False), ("endpoint", True)])
+def test_name_restricts_the_answer_to_those_samples(app: str, collector: bool) -> None:
+    registry = CollectorRegistry()
+    Counter("llm_test_events", "Events.", registry=registry).inc(3)
+    Gauge("llm_test_wait_seconds", "A wait.", unit="seconds", registry=registry).set(2)
+    Gauge("llm_test_other", "Not asked for.", registry=registry).set(1)
+    served = _Families(registry) if collector else registry
+    query = "name[]=llm_test_wait_seconds&name[]=llm_test_events_total"
+    accept = "application/openmetrics-text;version=1.0.0"
+    if app == "endpoint":
+        with start_http_server(0, registry=served) as server:
+            _, body = _request(server.port, path=f"/metrics?{query}", Accept=accept)
+    else:
+        environ = {"REQUEST_METHOD": "GET", "QUERY_STRING": query, "HTTP_ACCEPT": accept}
+        body = b"".join(make_wsgi_app(served)(environ, lambda status, headers: None))
+    text = body.decode()
+    # The samples asked for, with their families' metadata (the unit too); llm_test_events_created and
+    # llm_test_other are not.
+    assert "# UNIT llm_test_wait_seconds seconds" in text
+    assert "llm_test_wait_seconds 2.0" in text and "llm_test_events_total 3.0" in text
+    assert "llm_test_events_created" not in text and "llm_test_other" not in text
