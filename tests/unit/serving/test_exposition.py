@@ -114,33 +114,9 @@ def test_wsgi_app_mounted_on_a_server(wsgi_server: str) -> None:
 
 
 def test_asgi_app_answers_an_http_request(registry: CollectorRegistry) -> None:
-    app = make_asgi_app(registry)
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": "/metrics",
-        "raw_path": b"/metrics",
-        "query_string": b"",
-        "headers": [(b"host", b"localhost"), (b"accept", b"text/plain")],
-    }
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
-    start, body = sent
-    assert start["type"] == "http.response.start" and start["status"] == 200
-    headers = dict(start["headers"])
-    assert headers[b"Content-Type"].startswith(b"text/plain")
-    assert body["type"] == "http.response.body"
-    assert sample_value(body["body"].decode(), "llm_test_events_total") == 3
+    headers, text = _get(make_asgi_app(registry), "text/plain")
+    assert headers["content-type"].startswith("text/plain")
+    assert sample_value(text, "llm_test_events_total") == 3
 
 
 def test_multiprocess_registry_needs_a_directory(tmp_path: Path) -> None:
@@ -248,13 +224,18 @@ class _Slow:
 
 
 def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str]:
-    """One GET through ``app`` as ASGI; the answer's headers (lower-case names) and text."""
+    """One GET through ``app`` as ASGI, with the scope an ASGI server passes; the answer's headers
+    (lower-case names) and text."""
     scope = {
         "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
         "method": "GET",
+        "scheme": "http",
         "path": "/metrics",
+        "raw_path": b"/metrics",
         "query_string": query,
-        "headers": [(b"accept", accept.encode())],
+        "headers": [(b"host", b"localhost"), (b"accept", accept.encode())],
     }
     sent: list[dict] = []
 
@@ -266,7 +247,8 @@ def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str
 
     asyncio.run(app(scope, receive, send))
     start, body = sent
-    assert start["status"] == 200
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert body["type"] == "http.response.body"
     headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
     return headers, body["body"].decode()
 
