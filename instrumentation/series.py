@@ -86,7 +86,7 @@ class ModelSeries:
         self.kv_bytes = bind(cat.KV_CACHE_BYTES)
         self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
         self.kv_preemptions = bind(cat.KV_CACHE_PREEMPTIONS)
-        #: The paged KV cache of the model's continuous batching (batching.PagedCacheView), if any.
+        #: The paged KV cache of the model's continuous batching (paged.PagedCacheView), if any.
         self._paged_cache: Any = None
         #: Bytes of the paged cache in use at the sampler's last reading: what a decode step reads of it.
         self.paged_used_bytes = 0.0
