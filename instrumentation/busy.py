@@ -195,6 +195,7 @@ class BusyMeter:
 
 
 def _sample_value(value_type: int, value: Any) -> float:
-    """The number inside an ``nvmlValue_t`` union (0..3: double, uint, ulong, ulonglong)."""
+    """The number inside an ``nvmlValue_t`` union (value types 0..4: double, uint, ulong, ulonglong,
+    slonglong): the exporter's ``union_value``, which the instrumentation may not import."""
     member = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal")[value_type]
     return float(getattr(value, member))

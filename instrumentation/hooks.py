@@ -287,16 +287,7 @@ class ModelInstrumentation:
 
         key = ("model", id(self), label)
         SAMPLER.acquire(
-            key,
-            lambda: ModelPoller(
-                self.series,
-                device,
-                label,
-                interval,
-                peak_flops,
-                peak_bandwidth,
-                busy if device.type == "cuda" else None,
-            ),
+            key, lambda: ModelPoller(self.series, device, label, interval, peak_flops, peak_bandwidth, busy)
         )
         self._poller_keys.append((SAMPLER, key))
 

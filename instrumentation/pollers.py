@@ -90,7 +90,7 @@ class ModelPoller:
         self._label = label
         self._peak_flops = peak_flops
         self._peak_bandwidth = peak_bandwidth
-        #: This process's busy share of the model's GPU; None for a device that is no GPU.
+        #: This process's busy share of the model's GPU (None: not measured, as on the CPU: no series).
         self._busy_reading = busy
         self._busy_source: str | None = None
         # Each ratio gets its series at its first real value: a ratio that cannot be computed here (no
