@@ -6,7 +6,8 @@ multiprocess mode merges the values of several worker processes. :class:`Metrics
 into collectors on one registry; docs/metrics.md documents the same list (a test keeps them in step).
 
 Label values are bounded: ``model`` is the name given to ``instrument()`` (one per instrumented model),
-``device`` is a torch device string (``cuda:0``), the rest are fixed enumerations.
+``device`` is a torch device string (``cuda:0``) with its GPU's ``uuid`` and ``mig_uuid`` (one of each per
+device), the rest are fixed enumerations.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def _gauge(name: str, unit: str, labels: tuple[str, ...], mode: str, help_: str)
 
 
 M = ("model",)
+#: The labels of a per-device series (hardware.DeviceIdentity): torch's device name in this process, and
+#: the GPU's UUID (and MIG device's) as NVML spells them, which join with the exporter's gpu_* series.
+DEVICE = ("device", "uuid", "mig_uuid")
 
 TTFT = _histogram(
     "llm_time_to_first_token_seconds", "seconds", M, "ttft_buckets",
@@ -137,7 +141,7 @@ OOM_EVENTS = _counter(
     "Out-of-memory errors raised by the model (torch.cuda.OutOfMemoryError or an allocator message).",
 )  # fmt: skip
 ALLOC_RETRIES = _counter(
-    "llm_torch_alloc_retries_total", "retries", ("device",),
+    "llm_torch_alloc_retries_total", "retries", DEVICE,
     "Times torch's CUDA caching allocator freed its cache and retried a failed allocation "
     "(the early OOM signal).",
 )  # fmt: skip
@@ -190,55 +194,55 @@ KV_CACHE_HEADROOM_TOKENS = _gauge(
     "How many more KV-cache tokens fit in free device memory (free + allocator-cached) / bytes per token.",
 )  # fmt: skip
 TORCH_MEMORY = _gauge(
-    "llm_torch_memory_bytes", "bytes", ("device", "kind"), "livesum",
+    "llm_torch_memory_bytes", "bytes", (*DEVICE, "kind"), "livesum",
     "torch CUDA allocator memory of this process by kind: allocated, reserved, active, max_allocated.",
 )  # fmt: skip
 GPU_BUSY = _gauge(
-    "llm_gpu_busy_ratio", "ratio", ("model", "device", "source"), "livesum",
+    "llm_gpu_busy_ratio", "ratio", ("model", *DEVICE, "source"), "livesum",
     "Fraction of wall time the GPU ran this serving process's kernels over the last poll window, from "
     "the driver: source=process (NVML's utilization of this process) or device (the GPU's own "
     "utilization: this process is its only compute process). Absent where neither can be had "
     "(llm_gpu_busy_unavailable says why).",
 )  # fmt: skip
 GPU_BUSY_UNAVAILABLE = _gauge(
-    "llm_gpu_busy_unavailable", "1", ("device", "reason"), "livemax",
+    "llm_gpu_busy_unavailable", "1", (*DEVICE, "reason"), "livemax",
     "1 while llm_gpu_busy_ratio cannot be measured for this GPU, by reason: nvml_disabled, "
     "nvml_unavailable, not_supported, process_not_visible, process_ambiguous.",
 )  # fmt: skip
 FORWARD_TIME_RATIO = _gauge(
-    "llm_forward_time_ratio", "ratio", ("model", "device"), "livesum",
+    "llm_forward_time_ratio", "ratio", ("model", *DEVICE), "livesum",
     "Fraction of wall time inside the model's forward passes (start to end mark on their stream; host "
     "time on the CPU) over the last poll window. Not kernel time: a host-bound step's span is the host "
     "launching its kernels.",
 )  # fmt: skip
 DECODE_BANDWIDTH = _gauge(
-    "llm_decode_bandwidth_utilization_ratio", "ratio", ("model", "device"), "livemax",
+    "llm_decode_bandwidth_utilization_ratio", "ratio", ("model", *DEVICE), "livemax",
     "Bytes a decode step must read (weights but the input embedding table, plus the KV cache) / decode "
     "step time / peak memory bandwidth, over the last poll window with decode steps.",
 )  # fmt: skip
 PREFILL_FLOPS = _gauge(
-    "llm_prefill_flops_utilization_ratio", "ratio", ("model", "device"), "livemax",
+    "llm_prefill_flops_utilization_ratio", "ratio", ("model", *DEVICE), "livemax",
     "2 x matmul parameters (all but the embedding and output tables) x prompt tokens / prefill forward "
     "time / peak FLOP/s, over the last poll window with prefill steps.",
 )  # fmt: skip
 NVML_GPU_UTILIZATION = _gauge(
-    "llm_nvml_gpu_utilization_ratio", "ratio", ("device",), "livemostrecent",
+    "llm_nvml_gpu_utilization_ratio", "ratio", DEVICE, "livemostrecent",
     "NVML GPU utilization of the model's device, read in the serving process.",
 )  # fmt: skip
 NVML_MEMORY_USED = _gauge(
-    "llm_nvml_gpu_memory_used_bytes", "bytes", ("device",), "livemostrecent",
+    "llm_nvml_gpu_memory_used_bytes", "bytes", DEVICE, "livemostrecent",
     "NVML used memory of the model's device (all processes).",
 )  # fmt: skip
 NVML_MEMORY_TOTAL = _gauge(
-    "llm_nvml_gpu_memory_total_bytes", "bytes", ("device",), "livemostrecent",
+    "llm_nvml_gpu_memory_total_bytes", "bytes", DEVICE, "livemostrecent",
     "NVML total memory of the model's device.",
 )  # fmt: skip
 NVML_PROCESS_MEMORY = _gauge(
-    "llm_nvml_process_gpu_memory_bytes", "bytes", ("device",), "livesum",
+    "llm_nvml_process_gpu_memory_bytes", "bytes", DEVICE, "livesum",
     "NVML device memory used by this serving process (driver view, includes the CUDA context).",
 )  # fmt: skip
 MODEL_INFO = _gauge(
-    "llm_model_info", "info", ("model", "model_type", "dtype", "device", "params"), "livemax",
+    "llm_model_info", "info", ("model", "model_type", "dtype", *DEVICE, "params"), "livemax",
     "1 while the model is instrumented: its identity (type, parameter count, dtype, device). "
     "Removed with the instrumentation (set to 0 in multiprocess mode).",
 )  # fmt: skip

@@ -7,7 +7,9 @@ model's poller is handed; both can be set in InstrumentConfig instead.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -44,6 +46,76 @@ def device_label(device: torch.device) -> str:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return str(device)
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """The labels that name a model's device on every per-device ``llm_*`` series.
+
+    ``device`` is torch's name in this process (``cuda:0``), which CUDA_VISIBLE_DEVICES and containers
+    renumber; ``uuid`` is the physical GPU's UUID as NVML spells it (``GPU-...``), the label the exporter's
+    ``gpu_*`` series carry, so the two sides join on it; ``mig_uuid`` is the MIG device's (``MIG-...``)
+    when the model runs on a MIG instance. Both are empty on the CPU, and ``uuid`` is empty on a MIG
+    instance whose parent GPU cannot be found (no /proc/driver/nvidia).
+    """
+
+    device: str
+    uuid: str = ""
+    mig_uuid: str = ""
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return self.device, self.uuid, self.mig_uuid
+
+
+#: Where the NVIDIA driver describes each GPU it drives, one folder per PCI address (also inside
+#: containers, for the GPUs they were given).
+NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
+
+
+def device_identity(device: torch.device, proc: Path = NVIDIA_PROC) -> DeviceIdentity:
+    """The identity of ``device`` from torch's device properties and the driver's /proc files: no NVML
+    call, so it can run in the serving thread at ``instrument()`` without risk of a hung driver call."""
+    label = device_label(device)
+    if device.type != "cuda":
+        return DeviceIdentity(label)
+    p = torch.cuda.get_device_properties(device)
+    address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return gpu_identity(label, str(p.uuid), driver_gpu_uuid(proc / address), visible)
+
+
+def gpu_identity(label: str, cuda_uuid: str, parent_uuid: str | None, visible_devices: str) -> DeviceIdentity:
+    """The identity of a CUDA device whose UUID CUDA reports as ``cuda_uuid`` (no prefix), on the PCI
+    device whose GPU UUID the driver reports as ``parent_uuid`` (None: not known).
+
+    CUDA reports a MIG instance's own UUID, on its parent GPU's PCI address: a UUID that differs from the
+    GPU's at that address is a MIG instance. Without the driver's view, a MIG instance is told by
+    CUDA_VISIBLE_DEVICES naming MIG devices (the only way CUDA is given one).
+    """
+    bare = cuda_uuid.removeprefix("GPU-").removeprefix("MIG-")
+    if not bare:
+        return DeviceIdentity(label)
+    if parent_uuid is not None:
+        if parent_uuid == f"GPU-{bare}":
+            return DeviceIdentity(label, parent_uuid)
+        return DeviceIdentity(label, parent_uuid, f"MIG-{bare}")
+    if any(entry.strip().startswith("MIG-") for entry in visible_devices.split(",")):
+        return DeviceIdentity(label, "", f"MIG-{bare}")
+    return DeviceIdentity(label, f"GPU-{bare}")
+
+
+def driver_gpu_uuid(folder: Path) -> str | None:
+    """The ``GPU UUID`` line of the driver's ``information`` file in ``folder``; None when unreadable."""
+    try:
+        text = (folder / "information").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "GPU UUID" and value.strip():
+            return value.strip()
+    return None
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -43,8 +43,9 @@ from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Clock, Fetched, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import (
+    DeviceIdentity,
     Footprint,
-    device_label,
+    device_identity,
     model_device,
     model_dtype,
     parameter_footprint,
@@ -131,12 +132,17 @@ class Placement:
     """Where a model runs and what its weights weigh: everything that changes when it is moved."""
 
     device: torch.device
-    label: str  # the `device` label value
+    identity: DeviceIdentity  # the labels of its per-device series
     clock: Clock
     dtype: torch.dtype
     footprint: Footprint
     #: (device, dtype) of the first parameter: compared at each generate entry to notice a move.
     fingerprint: tuple[torch.device, torch.dtype] | None
+
+    @property
+    def label(self) -> str:
+        """The ``device`` label: the key of the model's per-device work windows too."""
+        return self.identity.device
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> Placement:
@@ -144,7 +150,7 @@ class Placement:
         footprint = parameter_footprint(model)
         return cls(
             device,
-            device_label(device),
+            device_identity(device),
             clock_for(device),
             model_dtype(model),
             footprint,
@@ -194,7 +200,7 @@ class ModelInstrumentation:
         self._wrappers: dict[str, weakref.ref] = {}
         self.batching = BatchingHooks(self)
         self._poller_keys: list[tuple] = []
-        self._devices: set[str] = set()  # every device label the model's series were written under
+        self._devices: set[DeviceIdentity] = set()  # every device the model's series were written under
 
     # -- installation ----------------------------------------------------------------------------------
 
@@ -239,11 +245,11 @@ class ModelInstrumentation:
     def _info_labels(self) -> tuple[str, ...]:
         placement = self.placement
         dtype = str(placement.dtype).removeprefix("torch.")
-        return self.name, self.model_type, dtype, placement.label, str(placement.footprint.count)
+        return self.name, self.model_type, dtype, *placement.identity.labels, str(placement.footprint.count)
 
     def _publish(self) -> None:
         """Model info and background pollers for the current placement."""
-        self._devices.add(self.placement.label)
+        self._devices.add(self.placement.identity)
         self.metrics[cat.MODEL_INFO].labels(*self._info_labels()).set(1)
         try:
             self._start_pollers()
@@ -286,28 +292,26 @@ class ModelInstrumentation:
             return None if nvml is None else nvml.busy  # written by the NVML poller's thread
 
         key = ("model", id(self), label)
+        identity = placement.identity
         SAMPLER.acquire(
-            key, lambda: ModelPoller(self.series, device, label, interval, peak_flops, peak_bandwidth, busy)
+            key,
+            lambda: ModelPoller(self.series, device, identity, interval, peak_flops, peak_bandwidth, busy),
         )
         self._poller_keys.append((SAMPLER, key))
 
     def _start_device_pollers(self) -> NvmlPoller | None:
         """The CUDA allocator's poller and, where enabled, the device's NVML poller (returned)."""
         config, device, label = self.config, self.placement.device, self.placement.label
-        interval = config.poll_interval_seconds
+        identity, interval = self.placement.identity, config.poll_interval_seconds
         key = ("allocator", id(self.metrics), label)
-        SAMPLER.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, label, interval))
+        SAMPLER.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, identity, interval))
         self._poller_keys.append((SAMPLER, key))
         if not config.enable_nvml:
-            self.metrics[cat.GPU_BUSY_UNAVAILABLE].labels(label, NVML_DISABLED).set(1)
+            self.metrics[cat.GPU_BUSY_UNAVAILABLE].labels(*identity.labels, NVML_DISABLED).set(1)
             return None
-        properties = torch.cuda.get_device_properties(device)
-        uuid = str(getattr(properties, "uuid", "") or "")
-        if uuid and not uuid.startswith(("GPU-", "MIG-")):
-            uuid = "GPU-" + uuid
         key = ("nvml", id(self.metrics), label)
         index = device.index or 0
-        nvml = NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, label, index, uuid, interval))
+        nvml = NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, identity, index, interval))
         self._poller_keys.append((NVML_WORKER, key))
         return nvml
 
@@ -337,7 +341,7 @@ class ModelInstrumentation:
                     metrics.live_models[name] = left
                     return
                 metrics.live_models.pop(name, None)
-                forget_series(metrics, name, sorted(self._devices))
+                forget_series(metrics, name, [device.labels for device in self._devices])
         except Exception as exc:  # runs from the garbage collector: nothing may escape
             self.errors.report("collect", exc)
 

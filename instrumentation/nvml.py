@@ -14,6 +14,7 @@ from inferwatch.instrumentation import busy
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.errors import logger
+from inferwatch.instrumentation.hardware import DeviceIdentity
 from inferwatch.instrumentation.series import drop_gauge
 
 
@@ -27,18 +28,13 @@ class NvmlPoller:
     """Reads one GPU (found by UUID, else by index) every ``interval`` seconds."""
 
     def __init__(
-        self,
-        metrics: Metrics,
-        label: str,
-        index: int,
-        uuid: str | None,
-        interval: float,
-        nvml: Any = None,
+        self, metrics: Metrics, identity: DeviceIdentity, index: int, interval: float, nvml: Any = None
     ) -> None:
         self.interval = interval
-        self._label = label
+        self._labels = identity.labels
         self._index = index
-        self._uuid = uuid
+        # A MIG instance's own handle: NVML's readings of the parent GPU are not this process's device.
+        self._uuid = identity.mig_uuid or identity.uuid
         self._nvml = nvml
         self._errors = metrics.errors
         self._metrics = metrics
@@ -55,7 +51,7 @@ class NvmlPoller:
         self.busy: busy.BusyReading | None = None
 
     def __repr__(self) -> str:
-        return f"NvmlPoller({self._label})"
+        return f"NvmlPoller({self._labels[0]})"
 
     def _open(self) -> bool:
         """Initialise NVML and find the device; False when NVML is unavailable here (poller off)."""
@@ -95,7 +91,7 @@ class NvmlPoller:
 
     def _set(self, spec: cat.MetricSpec, value: float) -> None:
         # Series appear with their first reading: no NVML, no llm_nvml_* series (rather than zeros).
-        self._metrics[spec].labels(self._label).set(value)
+        self._metrics[spec].labels(*self._labels).set(value)
 
     def _read(self, what: str, reader: Any) -> None:
         if what in self._unsupported:
@@ -140,9 +136,9 @@ class NvmlPoller:
             return
         family = self._metrics[cat.GPU_BUSY_UNAVAILABLE]
         if self._unavailable is not None:
-            drop_gauge(family, self._label, self._unavailable)
+            drop_gauge(family, *self._labels, self._unavailable)
         if reason is not None:
-            family.labels(self._label, reason).set(1)
+            family.labels(*self._labels, reason).set(1)
         self._unavailable = reason
 
     def _read_peak_bandwidth(self) -> None:

@@ -13,6 +13,7 @@ import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.busy import BusyReading
 from inferwatch.instrumentation.catalogue import Metrics
+from inferwatch.instrumentation.hardware import DeviceIdentity
 from inferwatch.instrumentation.series import ModelSeries, drop_gauge
 
 # llm_torch_memory_bytes{kind} <- torch.cuda.memory_stats() key.
@@ -27,11 +28,11 @@ MEMORY_KINDS = {
 class CudaAllocatorPoller:
     """torch's caching-allocator state of one CUDA device (process-wide, so one per device)."""
 
-    def __init__(self, metrics: Metrics, device: torch.device, label: str, interval: float) -> None:
+    def __init__(self, metrics: Metrics, device: torch.device, identity: DeviceIdentity, interval: float):
         self.interval = interval
         self._device = device
         self._errors = metrics.errors
-        self._label = label
+        self._labels = identity.labels
         self._memory = metrics[cat.TORCH_MEMORY]
         self._retries = metrics[cat.ALLOC_RETRIES]
         self._last_retries: int | None = None
@@ -43,12 +44,12 @@ class CudaAllocatorPoller:
         try:
             stats = torch.cuda.memory_stats(self._device)
             for kind, key in MEMORY_KINDS.items():
-                self._memory.labels(self._label, kind).set(stats.get(key, 0))
+                self._memory.labels(*self._labels, kind).set(stats.get(key, 0))
             retries = stats.get("num_alloc_retries", 0)
             # Counted from the first poll on (the series exists from then, at 0). The allocator's count
             # can be reset (reset_accumulated_memory_stats): then counting starts anew.
             last = retries if self._last_retries is None else self._last_retries
-            self._retries.labels(self._label).inc(max(0, retries - last))
+            self._retries.labels(*self._labels).inc(max(0, retries - last))
             self._last_retries = retries
         except Exception as exc:
             self._errors.report("sample", exc)
@@ -78,7 +79,7 @@ class ModelPoller:
         self,
         series: ModelSeries,
         device: torch.device,
-        label: str,
+        identity: DeviceIdentity,
         interval: float,
         peak_flops: float | None,
         peak_bandwidth: Callable[[], float | None],
@@ -87,7 +88,8 @@ class ModelPoller:
         self.interval = interval
         self._series = series
         self._device = device
-        self._label = label
+        self._label = identity.device  # the key of the model's work windows
+        self._labels = identity.labels
         self._peak_flops = peak_flops
         self._peak_bandwidth = peak_bandwidth
         #: This process's busy share of the model's GPU (None: not measured, as on the CPU: no series).
@@ -111,18 +113,18 @@ class ModelPoller:
             now = time.perf_counter()
             wall, self._last = now - self._last, now
             window = self._series.take_window(self._label)
-            model, label = self._series.name, self._label
+            model, labels = self._series.name, self._labels
             if wall > 0:
-                self._forward_time.labels(model, label).set(min(1.0, window.forward_seconds / wall))
+                self._forward_time.labels(model, *labels).set(min(1.0, window.forward_seconds / wall))
             if self._busy_reading is not None:
                 self._publish_busy(self._busy_reading())
             peak_bandwidth = self._peak_bandwidth()
             if window.decode_seconds > 0 and peak_bandwidth:
                 utilization = window.decode_bytes / window.decode_seconds / peak_bandwidth
-                self._bandwidth.labels(model, label).set(utilization)
+                self._bandwidth.labels(model, *labels).set(utilization)
             if window.prefill_seconds > 0 and self._peak_flops:
                 utilization = window.prefill_flops / window.prefill_seconds / self._peak_flops
-                self._flops.labels(model, label).set(utilization)
+                self._flops.labels(model, *labels).set(utilization)
             per_token = self._series.bytes_per_token
             # Continuous batching's headroom is what is left of its preallocated pool, not free memory.
             if not self._series.poll_paged_cache() and per_token:
@@ -134,10 +136,10 @@ class ModelPoller:
 
     def _publish_busy(self, reading: BusyReading | None) -> None:
         """The busy ratio under its source; no series while there is no reading."""
-        model, label = self._series.name, self._label
+        model, labels = self._series.name, self._labels
         source = None if reading is None else reading.source
         if self._busy_source not in (None, source):
-            drop_gauge(self._busy, model, label, self._busy_source)
+            drop_gauge(self._busy, model, *labels, self._busy_source)
         self._busy_source = source
         if reading is not None:
-            self._busy.labels(model, label, source).set(min(1.0, reading.ratio))
+            self._busy.labels(model, *labels, source).set(min(1.0, reading.ratio))

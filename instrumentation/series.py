@@ -391,17 +391,18 @@ def series_for(metrics: Metrics, name: str) -> ModelSeries:
     return series
 
 
-def forget_series(metrics: Metrics, name: str, devices: list[str]) -> None:
-    """Remove the live gauges of model ``name`` (on ``devices`` for per-device ones) once no instrumented
-    model of that name is left: a model that is gone must not keep claiming running requests, cache bytes
-    or a heartbeat. Counters and histograms stay, as Prometheus expects. The next model of that name gets
-    fresh series. In multiprocess mode series cannot be removed; they are set to 0."""
+def forget_series(metrics: Metrics, name: str, devices: list[tuple[str, ...]]) -> None:
+    """Remove the live gauges of model ``name`` (on ``devices``, each given by its catalogue.DEVICE
+    labels, for per-device ones) once no instrumented model of that name is left: a model that is gone
+    must not keep claiming running requests, cache bytes or a heartbeat. Counters and histograms stay,
+    as Prometheus expects. The next model of that name gets fresh series. In multiprocess mode series
+    cannot be removed; they are set to 0."""
     with _series_lock:
         metrics.model_series.pop(name, None)
     for spec, after_model in _LIVE_GAUGES:
-        choices = [devices if values == _BY_DEVICE else values for values in after_model]
+        choices = [devices if values == _BY_DEVICE else [(v,) for v in values] for values in after_model]
         for rest in itertools.product(*choices):
-            drop_gauge(metrics[spec], name, *rest)
+            drop_gauge(metrics[spec], name, *itertools.chain.from_iterable(rest))
 
 
 def drop_gauge(family: Gauge, *labels: str) -> None:

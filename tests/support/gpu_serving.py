@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.exposition import start_http_server
+from inferwatch.instrumentation.hardware import DeviceIdentity
 from prometheus_client import CollectorRegistry
+
+from tests.unit.exporter.fake_nvml import gpu_uuid
 
 #: Busy ratios the H200 measured (docs/benchmarks.md): eager batch-1 decode of a 1B model; a GPU-bound load.
 HOST_BOUND_BUSY = 0.11
@@ -37,13 +40,14 @@ class GpuServing:
 
     address: str  # host:port
     model: str
+    device: DeviceIdentity
     registry: CollectorRegistry
     metrics: cat.Metrics
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def set_busy(self, ratio: float, forward_time: float) -> None:
-        self.metrics[cat.GPU_BUSY].labels(self.model, DEVICE, "process").set(ratio)
-        self.metrics[cat.FORWARD_TIME_RATIO].labels(self.model, DEVICE).set(forward_time)
+        self.metrics[cat.GPU_BUSY].labels(self.model, *self.device.labels, "process").set(ratio)
+        self.metrics[cat.FORWARD_TIME_RATIO].labels(self.model, *self.device.labels).set(forward_time)
 
     def _produce(self) -> None:
         tokens = self.metrics[cat.GENERATION_TOKENS].labels(self.model)
@@ -52,14 +56,17 @@ class GpuServing:
 
 
 @contextmanager
-def gpu_serving(model: str) -> Iterator[GpuServing]:
-    """An endpoint on loopback serving ``model`` on ``cuda:0``, host-bound, with one request running."""
+def gpu_serving(model: str, gpu: int = 0) -> Iterator[GpuServing]:
+    """An endpoint on loopback serving ``model`` on its ``cuda:0``, host-bound, with one request running.
+    That device is the NVML stand-in's GPU ``gpu`` (tests/unit/exporter/fake_nvml.py), by its UUID: as a
+    process given one GPU by CUDA_VISIBLE_DEVICES or a Kubernetes device plugin sees it."""
     registry = CollectorRegistry()
     metrics = cat.Metrics(registry, InstrumentConfig())
-    metrics[cat.MODEL_INFO].labels(model, "llama", "bfloat16", DEVICE, "1235814400").set(1)
+    device = DeviceIdentity(DEVICE, gpu_uuid(gpu))
+    metrics[cat.MODEL_INFO].labels(model, "llama", "bfloat16", *device.labels, "1235814400").set(1)
     metrics[cat.REQUESTS_RUNNING].labels(model).set(1)
     server = start_http_server(port=0, registry=registry)
-    serving = GpuServing(f"127.0.0.1:{server.port}", model, registry, metrics)
+    serving = GpuServing(f"127.0.0.1:{server.port}", model, device, registry, metrics)
     serving.set_busy(HOST_BOUND_BUSY, HOST_BOUND_FORWARD_TIME)
     producer = threading.Thread(target=serving._produce, name="gpu-serving-tokens", daemon=True)
     producer.start()

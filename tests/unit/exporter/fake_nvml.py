@@ -10,7 +10,8 @@ Scenario (what the GPUs are), from :func:`reset` or the JSON in ``FAKE_NVML_SCEN
 fails with an unknown error), ``nvlink`` / ``mig`` (gpu indices that have them), ``no_gpm`` (gpu indices
 whose GPM support query says no), ``gpm_nan`` (gpu indices whose GPM metrics all come back NaN),
 ``processes`` ({gpu index: [[pid, bytes], ...]}, or ``[pid, bytes, sm %, memory %]`` for a process
-busy on the GPU), ``init_failures`` (nvmlInit fails that often first), ``no_library`` (nvmlInit always
+busy on the GPU), ``hw_slowdown`` (gpu indices in hardware slowdown, beside the power cap every GPU
+reports), ``init_failures`` (nvmlInit fails that often first), ``no_library`` (nvmlInit always
 fails as on a machine without the driver).
 
 GPM is here for its fault paths: samples live in buffers that must be freed (:func:`gpm_buffers_live`
@@ -96,6 +97,7 @@ class _State:
     no_gpm: list[int] = field(default_factory=list)
     gpm_nan: list[int] = field(default_factory=list)
     processes: dict[int, list[list[int]]] = field(default_factory=dict)
+    hw_slowdown: list[int] = field(default_factory=list)
     init_failures: int = 0
     no_library: bool = False
     initialized: bool = False
@@ -236,9 +238,14 @@ def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
 # --- identity -----------------------------------------------------------------------------------------
 
 
+def gpu_uuid(index: int) -> str:
+    """The UUID of stand-in GPU ``index``, as NVML spells UUIDs."""
+    return f"GPU-fa4e0000-0000-4000-8000-{index:012d}"
+
+
 def nvmlDeviceGetUUID(handle: _Handle) -> str:
     _enter(handle, "nvmlDeviceGetUUID")
-    return f"GPU-fa4e0000-0000-4000-8000-{handle.gpu:012d}"
+    return gpu_uuid(handle.gpu)
 
 
 def nvmlDeviceGetName(handle: _Handle) -> str:
@@ -353,7 +360,7 @@ def nvmlDeviceGetPerformanceState(handle: _Handle) -> int:
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
     _enter(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-    return 0x4  # sw_power_cap
+    return 0x4 | (0x8 if handle.gpu in _state.hw_slowdown else 0)  # sw_power_cap, hw_slowdown
 
 
 def nvmlDeviceGetSupportedClocksEventReasons(handle: _Handle) -> int:

@@ -9,18 +9,20 @@ import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.hardware import parameter_footprint
+from inferwatch.instrumentation.hardware import DeviceIdentity, parameter_footprint
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import ModelPoller
 from inferwatch.instrumentation.series import series_for
 
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape
 
+GPU_UUID = "GPU-00000000-0000-0000-0000-000000000000"
+
 
 def test_model_poller_turns_a_window_into_ratios(registry) -> None:
     series = series_for(metrics_for(registry, InstrumentConfig()), "m")
     poller = ModelPoller(
-        series, torch.device("cpu"), "cpu", 1.0, peak_flops=1e12, peak_bandwidth=lambda: 1e11
+        series, torch.device("cpu"), DeviceIdentity("cpu"), 1.0, peak_flops=1e12, peak_bandwidth=lambda: 1e11
     )
     series.add_forwards("cpu", "prefill", [0.002], work=1e9)  # 1 GFLOP in 2 ms: 0.5 of 1 TFLOP/s
     series.add_forwards("cpu", "decode", [0.001], work=2e7)  # 20 MB in 1 ms
@@ -113,7 +115,7 @@ class FaultyNvml:
 
 def _poller(registry, nvml: FaultyNvml) -> NvmlPoller:
     metrics = metrics_for(registry, InstrumentConfig())
-    return NvmlPoller(metrics, "cuda:0", 0, "GPU-00000000-0000-0000-0000-000000000000", 1.0, nvml=nvml)
+    return NvmlPoller(metrics, DeviceIdentity("cuda:0", GPU_UUID), 0, 1.0, nvml=nvml)
 
 
 def test_nvml_absent_switches_the_poller_off_quietly(registry) -> None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig, busy
 from inferwatch.instrumentation.catalogue import metrics_for
+from inferwatch.instrumentation.hardware import DeviceIdentity
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import ModelPoller
 from inferwatch.instrumentation.series import series_for
@@ -25,6 +26,7 @@ from inferwatch.instrumentation.series import series_for
 from tests.unit.instrumentation.conftest import metric, scrape
 
 PID = os.getpid()
+GPU_UUID = "GPU-00000000-0000-0000-0000-000000000000"
 HOST_PID = 90210  # this process as a driver outside its PID namespace knows it
 
 
@@ -180,11 +182,11 @@ def test_a_failing_call_is_raised_to_be_counted() -> None:
 
 def _pollers(registry, nvml: Nvml) -> tuple[NvmlPoller, ModelPoller]:
     metrics = metrics_for(registry, InstrumentConfig())
-    device = NvmlPoller(metrics, "cuda:0", 0, "GPU-00000000-0000-0000-0000-000000000000", 1.0, nvml=nvml)
+    device = NvmlPoller(metrics, DeviceIdentity("cuda:0", GPU_UUID), 0, 1.0, nvml=nvml)
     model = ModelPoller(
         series_for(metrics, "m"),
         torch.device("cpu"),  # where the headroom is read from: any device the CI machine has
-        "cuda:0",
+        DeviceIdentity("cuda:0", GPU_UUID),
         1.0,
         peak_flops=None,
         peak_bandwidth=lambda: None,
