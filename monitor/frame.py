@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.monitor import queries as q
+from inferwatch.monitor.checks.attribution import gpu_users, model_gpus
 from inferwatch.monitor.checks.thresholds import default_thresholds
 from inferwatch.monitor.expr import Expr
 from inferwatch.monitor.scrape import Labels, Snapshot
@@ -34,6 +35,7 @@ class EndpointRow:
 class GpuRow:
     instance: str
     gpu: str
+    uuid: str
     name: str | None
     up: float | None  # gpu_up: 0 when the exporter lost the GPU
     utilization: float | None
@@ -48,6 +50,7 @@ class GpuRow:
     temperature_celsius: float | None
     slowdown_celsius: float | None
     throttle_reasons: tuple[str, ...]  # active clocks-event reasons that are throttling
+    serving: tuple[str, ...]  # the models and pods on this GPU, joined by its UUID
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class ModelRow:
     instance: str
     model: str
     device: str | None
+    gpu_uuid: str | None  # the GPU it runs on (llm_model_info's uuid); None on the CPU
+    gpu: str | None  # that GPU's index on its exporter; None where no exporter of it is scraped
+    gpu_instance: str | None  # that exporter
+    gpu_sm_clock_ratio: float | None  # its GPU's SM clock / maximum
+    gpu_throttle_reasons: tuple[str, ...]  # its GPU's active throttling reasons
     ttft_p50_seconds: float | None
     ttft_p99_seconds: float | None
     queue_p99_seconds: float | None  # arrival at the server -> first forward, where the server reports it
@@ -178,26 +186,42 @@ def build_frame(earlier: Snapshot | None, later: Snapshot) -> Frame:
         reason = dict(group)["reason"]
         if value > 0 and reason in default_thresholds().throttling_reasons:
             throttled[tuple(kv for kv in group if kv[0] != "reason")].append(reason)
+    model_groups = q.MODEL_GPUS.evaluate(base, later)
+    users = gpu_users(model_groups, q.GPU_PODS.evaluate(base, later))
     gpus = tuple(
         GpuRow(
-            *_key(group, "instance", "gpu"),
+            *_key(group, "instance", "gpu", "uuid"),
             name=names.get(group),
             throttle_reasons=tuple(sorted(throttled.get(group, ()))),
+            serving=users.get(_key(group, "uuid")[0], ()),
             **{field: gpu_values[group].get(field) for field in _GPU_FIELDS},
         )
         for group in sorted(set(gpu_values) | set(names), key=lambda g: (_key(g, "instance"), _gpu_index(g)))
     )
+    by_uuid = {row.uuid: row for row in gpus if row.uuid}
 
     model_values = _table(_MODEL_FIELDS, base, later)
     devices = _label_values(later, q.MODEL_INFO.metric, q.MODEL, "device")
-    models = tuple(
-        ModelRow(
-            *_key(group, "instance", "model"),
-            device=devices.get(group),
-            **{field: model_values[group].get(field) for field in _MODEL_FIELDS},
+    uuids = model_gpus(model_groups)
+    models = []
+    for group in sorted(set(model_values) | set(devices)):
+        uuid = uuids.get(group)
+        gpu = by_uuid.get(uuid or "")
+        clock = (
+            gpu.sm_clock_hz / gpu.sm_clock_max_hz if gpu and gpu.sm_clock_hz and gpu.sm_clock_max_hz else None
         )
-        for group in sorted(set(model_values) | set(devices))
-    )
+        models.append(
+            ModelRow(
+                *_key(group, "instance", "model"),
+                device=devices.get(group),
+                gpu_uuid=uuid,
+                gpu=gpu.gpu if gpu else None,
+                gpu_instance=gpu.instance if gpu else None,
+                gpu_sm_clock_ratio=clock,
+                gpu_throttle_reasons=gpu.throttle_reasons if gpu else (),
+                **{field: model_values[group].get(field) for field in _MODEL_FIELDS},
+            )
+        )
 
     host_values = _table(_HOST_FIELDS, base, later)
     cpu_total, cpu_idle = q.HOST_CPU_RATE.evaluate(base, later), q.HOST_CPU_IDLE_RATE.evaluate(base, later)
@@ -221,7 +245,7 @@ def build_frame(earlier: Snapshot | None, later: Snapshot) -> Frame:
         for group in sorted(process_values)
     )
     window = later.time - earlier.time if earlier is not None else None
-    return Frame(window, endpoints, gpus, models, hosts, processes)
+    return Frame(window, endpoints, gpus, tuple(models), hosts, processes)
 
 
 def _gpu_index(group: Labels) -> int:

@@ -4,7 +4,10 @@ docs/metrics.md: ``llm_*`` from instrumented serving processes, ``gpu_*``, ``hos
 process collector in the serving process.
 
 Model series are grouped per serving process (``instance``, ``model``): one replica can be host-bound
-while the others are not. GPU series are grouped by exporter and GPU index (``instance``, ``gpu``).
+while the others are not. GPU series are grouped by exporter, GPU index and UUID (``instance``, ``gpu``,
+``uuid``). A model is tied to its GPU by ``uuid`` alone, the label both sides carry as NVML spells it: its
+``device`` (``cuda:0``) is numbered by its own process and container, and its ``instance`` is the serving
+endpoint's address, not the exporter's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from inferwatch.common import names
 from inferwatch.monitor.expr import Gauge, Quantile, Rate, Ratio, Selector, histogram_mean
 
 MODEL = ("instance", "model")
-GPU = ("instance", "gpu")
+GPU = ("instance", "gpu", "uuid")
 PROCESS = ("instance", "pid", "comm")
 HOST = ("instance",)
 
@@ -41,7 +44,8 @@ RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
 # The share of wall time the GPU ran the serving process's kernels (NVML); GPU models only.
 BUSY = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), MODEL, "avg")
-BUSY_BY_DEVICE = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), ("instance", "device"), "sum")
+# Per serving process and GPU: every model of a process shows the process's share of its GPU.
+BUSY_BY_GPU = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), ("instance", "uuid"), "max")
 # Why a GPU has no busy ratio, by reason (all of them are 1).
 BUSY_UNAVAILABLE = Gauge(Selector(names.LLM_GPU_BUSY_UNAVAILABLE), ("instance", "device", "reason"), "max")
 # The share of wall time inside the model's forward passes (spans, not kernel time); every device.
@@ -62,6 +66,8 @@ TORCH_ALLOCATED = Gauge(
 )
 MODEL_INFO = Selector(names.LLM_MODEL_INFO)
 SERVING_INSTANCES = Gauge(MODEL_INFO, HOST, "max")
+# Which GPU each model runs on (uuid; mig_uuid on a MIG instance).
+MODEL_GPUS = Gauge(MODEL_INFO, (*MODEL, "uuid", "mig_uuid"), "max")
 # prometheus_client's process collector, which every serving process using its default registry has.
 SERVING_RSS = Gauge(Selector(names.PROCESS_RESIDENT_MEMORY_BYTES), HOST, "max")
 
@@ -89,6 +95,9 @@ GPU_SLOWDOWN_TEMPERATURE = Gauge(
 )
 CLOCK_EVENT_ACTIVE = Gauge(Selector(names.GPU_CLOCKS_EVENT_ACTIVE), (*GPU, "reason"), "max")
 CLOCK_EVENT_DUTY = Rate(Selector(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL), (*GPU, "reason"))
+# The processes on each GPU (their memory), and the Kubernetes pods that hold it (PodResources).
+GPU_PROCESS_MEMORY = Gauge(Selector(names.GPU_PROCESS_MEMORY_BYTES), ("instance", "uuid", "pid"), "max")
+GPU_PODS = Gauge(Selector(names.GPU_KUBERNETES_POD_INFO), ("uuid", "namespace", "pod"), "max")
 
 # --- the exporter: host and serving processes --------------------------------------------------------
 HOST_CPU_RATE = Rate(Selector(names.HOST_CPU_SECONDS_TOTAL), HOST)

@@ -3,8 +3,10 @@
 It scrapes the exporter and instrumented serving processes every ``--interval`` seconds and shows, per GPU,
 utilization and the share of SMs active (NVML GPM, yellow when far below utilization: launch-bound),
 memory and headroom, power against its limit, SM clock against its maximum with the active
-throttle reasons, and temperature against the slowdown threshold; per model, TTFT and ITL percentiles of
-the last interval and the p99 queue time, tokens/s, running and waiting requests, KV-cache bytes and
+throttle reasons, temperature against the slowdown threshold, and the models and Kubernetes pods it
+serves; per model, the GPU it runs on with that GPU's SM clock share and throttle reasons (the two joined
+by the GPU's UUID, never by index or host), TTFT and ITL percentiles of the last interval and the p99
+queue time, tokens/s, running and waiting requests, KV-cache bytes and
 headroom, the blocks used and preemptions of a paged KV cache (continuous batching), and the busy ratio;
 the host and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and
 scraped again at the next refresh.
@@ -102,11 +104,11 @@ def _percentiles(p50: float | None, p99: float | None) -> str:
 
 GPU_COLUMNS = (
     "instance", "gpu", "name", "util", "SM active", "memory", "free", "power", "SM clock", "temp/slowdown",
-    "throttle",
+    "throttle", "serving",
 )  # fmt: skip
 MODEL_COLUMNS = (
-    "model", "instance", "device", "TTFT p50 / p99", "queue p99", "ITL p50 / p99", "tok/s", "running",
-    "waiting", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s", "busy",
+    "model", "instance", "device", "GPU: clock", "TTFT p50 / p99", "queue p99", "ITL p50 / p99",
+    "tok/s", "running", "waiting", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s", "busy",
 )  # fmt: skip
 
 
@@ -150,6 +152,7 @@ def _gpu_cells(row: GpuRow) -> list[Any]:
             style="bold red" if hot else "",
         ),
         throttle,
+        ", ".join(row.serving) or "-",
     ]
 
 
@@ -170,10 +173,16 @@ def _model_cells(row: ModelRow) -> list[Any]:
     paged = row.kv_blocks_used_ratio is not None or bool(row.kv_preemptions_per_second)
     nearly_full = (row.kv_blocks_used_ratio or 0) > limits.kv_blocks_used_ratio_above
     preempting = (row.kv_preemptions_per_second or 0) > limits.preemptions_per_second_above
+    throttled = ", ".join(row.gpu_throttle_reasons)
     return [
         row.model,
         row.instance,
         row.device or "-",
+        Text(
+            f"{row.gpu or '-'}: {_or_dash(row.gpu_sm_clock_ratio, percent)}"
+            + (f" {throttled}" if throttled else ""),
+            style="bold red" if throttled else "",
+        ),
         _percentiles(row.ttft_p50_seconds, row.ttft_p99_seconds),
         Text(_or_dash(row.queue_p99_seconds, duration), style="yellow" if queue_long else ""),
         _percentiles(row.itl_p50_seconds, row.itl_p99_seconds),

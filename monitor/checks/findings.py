@@ -119,12 +119,6 @@ def gpm_series(source: Source, expr: Expr, metric: str) -> Series:
     return found
 
 
-def host(group: Labels) -> str:
-    """The host part of a group's ``instance`` (``node:8797`` -> ``node``): an exporter and the serving
-    processes it watches are scraped on one host, on different ports."""
-    return dict(group).get("instance", "").rsplit(":", 1)[0]
-
-
 def evidence_for(source: Source, what: str, value: str, *exprs: Expr) -> Evidence:
     """Evidence whose query is the PromQL of ``exprs``, one per line."""
     return Evidence(what, value, "\n".join(expr.promql(source.rate_window) for expr in exprs))

@@ -2,7 +2,8 @@
 than the InferwatchHostBound alert allows (reference/002 §4.1: idle gaps in the timeline). The busy ratio is
 the driver's (``llm_gpu_busy_ratio``, NVML), never the spans of the forward passes, which on a host-bound
 step last as long as the host takes to launch their kernels: the forwards' share of the wall time and the
-busiest serving process's CPU are the evidence of where the time goes instead.
+CPU of the busiest process on the model's GPU (the exporter's, joined by the GPU's UUID) are the evidence
+of where the time goes instead.
 
 A model on the CPU has no busy ratio (its device is the host); a GPU whose share NVML cannot tell for this
 process has none either, and ``llm_gpu_busy_unavailable`` says why: the check names the reason rather than
@@ -16,9 +17,18 @@ import statistics
 from inferwatch.common import names
 
 from .. import checklist
-from ..queries import BUSY, BUSY_UNAVAILABLE, FORWARD_TIME, PROCESS_CPU_RATE, RUNNING
+from ..queries import (
+    BUSY,
+    BUSY_UNAVAILABLE,
+    FORWARD_TIME,
+    GPU_PROCESS_MEMORY,
+    MODEL_GPUS,
+    PROCESS_CPU_RATE,
+    RUNNING,
+)
 from ..units import number, percent
-from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, host, subject
+from .attribution import model_gpus
+from .findings import Evidence, Finding, NotAssessed, Severity, Source, evidence_for, subject
 from .stats import aligned, values
 from .thresholds import Thresholds
 
@@ -28,6 +38,7 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
     if not busy:
         raise NotAssessed(_why_no_busy_ratio(source))
     running, forward_time = source.series(RUNNING), source.series(FORWARD_TIME)
+    gpus = model_gpus(source.series(MODEL_GPUS))
     findings, judged = [], False
     for group, busy_points in busy.items():
         loaded = [
@@ -54,7 +65,7 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
             spans = statistics.fmean(values(forward_time[group]))
             what = "wall time inside forward passes (mean; launching kernels counts)"
             evidence.append(evidence_for(source, what, percent(spans), FORWARD_TIME))
-        evidence.extend(_process_cpu_evidence(source, host(group)))
+        evidence.extend(_process_cpu_evidence(source, gpus.get(group, "")))
         findings.append(
             Finding(
                 "host-bound",
@@ -85,13 +96,18 @@ def _why_no_busy_ratio(source: Source) -> str:
     )
 
 
-def _process_cpu_evidence(source: Source, on_host: str) -> list[Evidence]:
-    """The busiest serving process the exporter watches on the same host: a Python loop that holds one
+def _process_cpu_evidence(source: Source, uuid: str) -> list[Evidence]:
+    """The busiest of the processes the exporter sees on the model's GPU: a Python loop that holds one
     core near 100 % is the host-bound signature on a GPU machine."""
+    on_gpu = {
+        (labels.get("instance"), labels.get("pid"))
+        for labels in map(dict, source.series(GPU_PROCESS_MEMORY))
+        if uuid and labels.get("uuid") == uuid
+    }
     cpu = {
         group: statistics.fmean(values(points))
         for group, points in source.series(PROCESS_CPU_RATE).items()
-        if host(group) == on_host
+        if (dict(group).get("instance"), dict(group).get("pid")) in on_gpu
     }
     if not cpu:
         return []
@@ -100,7 +116,7 @@ def _process_cpu_evidence(source: Source, on_host: str) -> list[Evidence]:
     return [
         evidence_for(
             source,
-            f"CPU of the busiest serving process on the host, {labels.get('comm')} ({labels.get('pid')})",
+            f"CPU of the busiest process on the model's GPU, {labels.get('comm')} ({labels.get('pid')})",
             f"{cpu[busiest]:.2f} cores",
             PROCESS_CPU_RATE,
         )

@@ -11,14 +11,15 @@ are the check's own, below.
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 
 from inferwatch.common import names
 
 from .. import checklist
-from ..queries import BUSY_BY_DEVICE, GPU_UTIL, SM_ACTIVE
-from ..scrape import Labels
+from ..queries import BUSY_BY_GPU, GPU_UTIL, SM_ACTIVE
 from ..units import percent
-from .findings import Finding, Severity, Source, evidence_for, gpm_series, host, subject
+from .attribution import serving_on
+from .findings import Finding, Severity, Source, evidence_for, gpm_series, subject
 from .stats import values
 from .thresholds import Thresholds
 
@@ -39,11 +40,13 @@ def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
     sm_active = gpm_series(source, SM_ACTIVE, names.GPU_SM_ACTIVE_RATIO)
     utilization = source.series(GPU_UTIL)
     model_busy = _busy_by_gpu(source)
+    serving = serving_on(source)
     findings = []
     for gpu, points in sorted(sm_active.items()):
+        uuid = dict(gpu).get("uuid", "")
         sm = statistics.fmean(values(points))
         nvml = statistics.fmean(values(utilization[gpu])) if gpu in utilization else None
-        model = model_busy.get((host(gpu), dict(gpu).get("gpu", "")))
+        model = model_busy.get(uuid)
         kernels = max((v for v in (nvml, model) if v is not None), default=None)
         if kernels is None or not is_launch_bound(kernels, sm):
             continue
@@ -51,15 +54,15 @@ def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
         if nvml is not None:
             evidence.append(evidence_for(source, "NVML utilization (mean)", percent(nvml), GPU_UTIL))
         if model is not None:
-            what = "busy ratio of the models on this GPU (mean)"
-            evidence.append(evidence_for(source, what, percent(model), BUSY_BY_DEVICE))
+            what = "busy ratio of the serving processes on this GPU (mean, summed)"
+            evidence.append(evidence_for(source, what, percent(model), BUSY_BY_GPU))
         findings.append(
             Finding(
                 "launch-bound",
                 Severity.WARNING,
                 subject(gpu),
                 f"kernels run {percent(kernels)} of the time but only {percent(sm)} of the SMs are active: "
-                "the steps are streams of tiny kernels, and the GPU waits on their launches",
+                "the steps are streams of tiny kernels, and the GPU waits on their launches" + serving(gpu),
                 tuple(evidence),
                 (checklist.COMPILE, checklist.CUDA_GRAPHS, checklist.BATCHING),
             )
@@ -67,20 +70,12 @@ def check_launch_bound(source: Source, limits: Thresholds) -> list[Finding]:
     return findings
 
 
-def _busy_by_gpu(source: Source) -> dict[tuple[str, str], float]:
-    """(host, GPU index) -> mean busy ratio of the models on that device. The model's ``cuda:N`` is taken
-    as NVML's GPU N, which holds unless CUDA_VISIBLE_DEVICES renumbers the devices."""
-    out: dict[tuple[str, str], float] = {}
-    for group, points in source.series(BUSY_BY_DEVICE).items():
-        index = _cuda_index(group)
-        if index is not None:
-            out[(host(group), index)] = statistics.fmean(values(points))
-    return out
-
-
-def _cuda_index(group: Labels) -> str | None:
-    device = dict(group).get("device", "")
-    if device == "cuda":
-        return "0"
-    kind, _, index = device.partition(":")
-    return index if kind == "cuda" and index.isdigit() else None
+def _busy_by_gpu(source: Source) -> dict[str, float]:
+    """GPU UUID -> the busy ratios of the serving processes on it, each its mean over the window, summed:
+    each process's share of one GPU's time."""
+    out: defaultdict[str, float] = defaultdict(float)
+    for group, points in source.series(BUSY_BY_GPU).items():
+        uuid = dict(group).get("uuid", "")
+        if uuid:
+            out[uuid] += statistics.fmean(values(points))
+    return dict(out)

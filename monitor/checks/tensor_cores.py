@@ -15,6 +15,7 @@ from inferwatch.common import names
 from .. import checklist
 from ..queries import FP32_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE
 from ..units import percent
+from .attribution import serving_on
 from .findings import Finding, Severity, Source, evidence_for, gpm_series, subject
 from .stats import values
 from .thresholds import Thresholds
@@ -28,6 +29,7 @@ TENSOR_ACTIVE_BELOW = 0.05
 def check_tensor_cores(source: Source, limits: Thresholds) -> list[Finding]:
     tensor = gpm_series(source, TENSOR_ACTIVE, names.GPU_TENSOR_ACTIVE_RATIO)
     sm_active, fp32 = source.series(SM_ACTIVE), source.series(FP32_ACTIVE)
+    serving = serving_on(source)
     findings = []
     for gpu, points in sorted(tensor.items()):
         tensor_mean = statistics.fmean(values(points))
@@ -51,7 +53,7 @@ def check_tensor_cores(source: Source, limits: Thresholds) -> list[Finding]:
                 Severity.INFO,
                 subject(gpu),
                 f"{percent(sm)} of the SMs are active but the tensor cores only {percent(tensor_mean)} "
-                "of the time: if that work is matmuls, they run in FP32 without tensor cores",
+                "of the time: if that work is matmuls, they run in FP32 without tensor cores" + serving(gpu),
                 tuple(evidence),
                 (checklist.BF16,),
             )

@@ -12,6 +12,7 @@ from .. import checklist
 from ..queries import CLOCK_EVENT_ACTIVE, CLOCK_EVENT_DUTY, GPU_UTIL, SM_CLOCK_SHARE
 from ..scrape import Labels
 from ..units import percent
+from .attribution import serving_on
 from .findings import Evidence, Finding, NotAssessed, Series, Severity, Source, evidence_for, subject
 from .stats import values
 from .thresholds import Thresholds
@@ -22,6 +23,7 @@ def check_throttling(source: Source, limits: Thresholds) -> list[Finding]:
     if not (active or duty):
         raise NotAssessed("no gpu_clocks_event_* series in the window: is inferwatch-exporter scraped?")
     clock_share, utilization = source.series(SM_CLOCK_SHARE), source.series(GPU_UTIL)
+    serving = serving_on(source)
     findings = []
     for gpu, (names, evidence) in sorted(_throttled_gpus(source, active, duty, limits).items()):
         hardware = any(reason in limits.hardware_reasons for reason in names)
@@ -38,7 +40,8 @@ def check_throttling(source: Source, limits: Thresholds) -> list[Finding]:
                 "throttling",
                 Severity.CRITICAL if hardware else Severity.WARNING,
                 subject(gpu),
-                f"clocks held down by {', '.join(names)}: every kernel runs slower, and latency varies",
+                f"clocks held down by {', '.join(names)}: every kernel runs slower, and latency varies"
+                + serving(gpu),
                 tuple(evidence),
                 (checklist.CLOCKS,),
             )

@@ -37,13 +37,14 @@ class Serving:
         self.tokens = Counter("llm_generation_tokens", "", m, registry=r)
         self.ooms = Counter("llm_oom_events", "", m, registry=r)
         self.running = Gauge("llm_requests_running", "", m, registry=r)
-        self.busy = Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r)
-        self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", ["model", "device"], registry=r)
+        d = ["model", "device", "uuid"]  # the model's GPU is the exporter's GPU 0, by its UUID
+        self.busy = Gauge("llm_gpu_busy_ratio", "", d, registry=r)
+        self.bandwidth = Gauge("llm_decode_bandwidth_utilization_ratio", "", d, registry=r)
         self.headroom = Gauge("llm_kv_cache_headroom_tokens", "", m, registry=r)
         self.blocks = Gauge("llm_kv_cache_blocks", "", ["model", "state"], registry=r)
         self.preemptions = Counter("llm_kv_cache_preemptions", "", m, registry=r)
         self.rss = Gauge("process_resident_memory_bytes", "", registry=r)
-        Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("m", "cuda:0").set(1)
+        Gauge("llm_model_info", "", d, registry=r).labels("m", "cuda:0", "GPU-0").set(1)
 
     def step(
         self,
@@ -80,10 +81,10 @@ class Serving:
         self.tokens.labels("m").inc(tokens)
         self.ooms.labels("m").inc(ooms)
         self.running.labels("m").set(running)
-        self.busy.labels("m", "cuda:0").set(busy)
+        self.busy.labels("m", "cuda:0", "GPU-0").set(busy)
         self.rss.set(rss)
         if bandwidth is not None:
-            self.bandwidth.labels("m", "cuda:0").set(bandwidth)
+            self.bandwidth.labels("m", "cuda:0", "GPU-0").set(bandwidth)
         if headroom is not None:
             self.headroom.labels("m").set(headroom)
         if waiting is not None:
@@ -114,7 +115,9 @@ class Gpus:
         self.sm_active = Gauge("gpu_sm_active_ratio", "", gpm, registry=r)
         self.tensor_active = Gauge("gpu_tensor_active_ratio", "", gpm, registry=r)
         self.fp32_active = Gauge("gpu_fp32_active_ratio", "", gpm, registry=r)
-        # The exporter's view of the serving process on the same host.
+        # The exporter's view of the serving process: on the GPU, and its CPU.
+        process_memory = Gauge("gpu_process_memory_bytes", "", [*g, "pid", "comm"], registry=r)
+        process_memory.labels("0", "GPU-0", "4242", "python3").set(2e9)
         self.process_cpu = Counter("inferwatch_process_cpu_seconds", "", ["pid", "comm", "mode"], registry=r)
         self.total.labels("0", "GPU-0").set(80e9)
         self.clock_max.labels("0", "GPU-0", "sm").set(1980e6)

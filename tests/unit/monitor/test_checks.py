@@ -78,6 +78,13 @@ def test_throttling_by_hardware_is_critical_and_idle_is_not_throttling() -> None
     assert finding.subject == "GPU 0 on node:8798"
     assert "hw_slowdown" in finding.summary and "gpu_idle" not in finding.summary
     assert any(e.what.startswith("SM clock") and e.value == "70%" for e in finding.evidence)
+    assert "it serves" not in finding.summary  # no serving process scraped: no user known
+
+
+def test_throttling_names_the_model_on_the_gpu() -> None:
+    diagnosis = run(5, serving=lambda i: {}, gpus=lambda i: {"reasons": ("hw_slowdown",)})
+    (finding,) = findings(diagnosis, "throttling")
+    assert finding.summary.endswith("; it serves model m on node:8797")
 
 
 def test_throttle_time_without_a_current_reason() -> None:
@@ -89,7 +96,9 @@ def test_throttle_time_without_a_current_reason() -> None:
     active, held_back = finding.evidence[:2]
     assert (active.what, active.value) == ("sw_power_cap active (share of the steps)", "0.0%")
     assert (held_back.what, held_back.value) == ("time held back by sw_power_cap (violation counter)", "30%")
-    assert held_back.query == "sum by (instance, gpu, reason) (rate(gpu_clocks_event_seconds_total[1s]))"
+    assert (
+        held_back.query == "sum by (instance, gpu, uuid, reason) (rate(gpu_clocks_event_seconds_total[1s]))"
+    )
 
 
 def test_throttle_time_follows_the_duty_cycle_alert() -> None:
@@ -281,8 +290,10 @@ def test_launch_bound_is_nvml_utilization_without_sm_activity() -> None:
     assert finding.severity == Severity.WARNING
     assert finding.subject == "GPU 0 on node:8798"
     assert [e.value for e in finding.evidence] == ["2.0%", "20%", "90%"]
-    assert finding.evidence[0].query == 'max by (instance, gpu) (gpu_sm_active_ratio{gpu_instance=""})'
-    assert finding.evidence[2].query == "sum by (instance, device) (llm_gpu_busy_ratio)"
+    assert finding.evidence[0].query == 'max by (instance, gpu, uuid) (gpu_sm_active_ratio{gpu_instance=""})'
+    assert finding.evidence[2].query == "max by (instance, uuid) (llm_gpu_busy_ratio)"
+    # The model on it, joined by the GPU's UUID: the serving endpoint is another instance.
+    assert finding.summary.endswith("; it serves model m on node:8797")
     assert finding.checklist == (checklist.COMPILE, checklist.CUDA_GRAPHS, checklist.BATCHING)
 
 

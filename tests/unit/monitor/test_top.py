@@ -44,6 +44,8 @@ def exporter_registry(throttle: str | None) -> CollectorRegistry:
     active = Gauge("gpu_clocks_event_active", "", [*g, "reason"], registry=r)
     for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):
         active.labels(**labels, reason=reason).set(1 if reason in (throttle, "gpu_idle") else 0)
+    pods = Gauge("gpu_kubernetes_pod_info", "", [*g, "namespace", "pod", "container"], registry=r)
+    pods.labels(**labels, namespace="llm", pod="llama-0", container="server").set(1)
     return r
 
 
@@ -63,8 +65,9 @@ class ServingProcess:
         Gauge("llm_requests_running", "", ["model"], registry=r).labels("llama").set(3)
         Gauge("llm_requests_waiting", "", ["model"], registry=r).labels("llama").set(7)
         Gauge("llm_kv_cache_bytes", "", ["model"], registry=r).labels("llama").set(3 * 2**20)
-        Gauge("llm_gpu_busy_ratio", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(0.3)
-        Gauge("llm_model_info", "", ["model", "device"], registry=r).labels("llama", "cuda:0").set(1)
+        d = ["model", "device", "uuid"]
+        Gauge("llm_gpu_busy_ratio", "", d, registry=r).labels("llama", "cuda:0", "GPU-0").set(0.3)
+        Gauge("llm_model_info", "", d, registry=r).labels("llama", "cuda:0", "GPU-0").set(1)
 
     def generate(self, tokens: int, itl: float) -> None:
         self.tokens.labels("llama").inc(tokens)
@@ -101,8 +104,13 @@ def test_frame_values() -> None:
     )  # 4 % of the SMs at 75 %: launch-bound
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
+    # Joined by the GPU's UUID: the serving endpoint is another instance on another host.
+    assert gpu.serving == ("model llama on serving:8797", "pod llm/llama-0")
     (model,) = frame.models
     assert (model.instance, model.model, model.device) == ("serving:8797", "llama", "cuda:0")
+    assert (model.gpu_uuid, model.gpu, model.gpu_instance) == ("GPU-0", "0", "node:8798")
+    assert model.gpu_throttle_reasons == ("sw_power_cap",)
+    assert model.gpu_sm_clock_ratio == pytest.approx(1410 / 1980)
     assert model.tokens_per_second == 40.0  # 80 tokens in 2 s; the 1000 before the window do not count
     # All 80 window observations lie in (0.01, 0.02]: p50 is its middle, p99 near its top.
     assert model.itl_p50_seconds == pytest.approx(0.015)
@@ -130,6 +138,8 @@ def test_render_shows_the_figures() -> None:
     assert "1410/1980 MHz" in text
     assert "86/89 °C" in text
     assert "sw_power_cap" in text and "gpu_idle" not in text
+    assert "model llama on serving:8797, pod llm/llama-0" in text  # the GPU's users
+    assert "0: 71% sw_power_cap" in text  # the model's GPU, its SM clock share and throttling
     assert "15 ms / 19.9 ms" in text  # ITL p50 / p99
     assert "40.0" in text and "3.00 MiB" in text and "30%" in text
     assert "queue p99" in text and "1.99 s" in text
