@@ -2,7 +2,7 @@
 
 * Inference overview: what the serving process measures - latency percentiles, queueing, throughput,
   errors, the queue/prefill/decode breakdown and the tokens of each step, KV cache (a paged cache's blocks
-  and preemptions too), and how busy the model keeps its device.
+  and preemptions too), how busy the model keeps its device, and the clocks of the GPU it runs on.
 * GPU hardware: what NVML says about every GPU - load, memory, power, temperature, clocks and why
   they are low, and the fault counters.
 * Diagnosis: the questions of the reference notes' bottleneck matrix and fault list, each answered by
@@ -138,6 +138,7 @@ def overview() -> models.Dashboard:
                     timeseries_panel(efficiency.busy_ratio(), width=8, min_value=0),
                     timeseries_panel(efficiency.decode_bandwidth(), width=8, min_value=0),
                     timeseries_panel(efficiency.prefill_flops(), width=8, min_value=0),
+                    timeseries_panel(gpu_clocks.models_gpu_clocks(), width=24, min_value=0),
                 ],
             ),
         ],
@@ -209,6 +210,7 @@ def diagnosis() -> models.Dashboard:
                 [
                     timeseries_panel(latency.inter_token_latency()),
                     timeseries_panel(latency.latency_fluctuation(), min_value=0),
+                    timeseries_panel(gpu_clocks.models_gpu_clocks(), width=24, min_value=0),
                     timeseries_panel(gpu_clocks.sm_clock_ratio(), min_value=0),
                     timeseries_panel(gpu_clocks.throttle_duty_cycle(), min_value=0),
                     state_timeline_panel(

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inferwatch.common import names
+
 # Labels serving-side series are aggregated by: one series per scrape target and model.
 SERVING_BY = "job, instance, model"
 
@@ -98,6 +100,28 @@ class Params:
     def exporter(self, metric: str, *matchers: str) -> str:
         """``metric`` from inferwatch-exporter, narrowed by ``matchers``."""
         return selector(metric, self.selectors["exporter"], matchers)
+
+    def gpu_users(self) -> str:
+        """The sentence of a GPU alert's description that names whom the fault affects: the instrumented
+        models on the alert's GPU and the Kubernetes pods it is allocated to, each found by the GPU's
+        ``uuid`` when the alert is evaluated (a template query: the models are not labels of the GPU's
+        series, and several can share one GPU)."""
+
+        def query(selector: str, by: str) -> str:
+            # printf's verbs: a % in a configured selector (a regex) must stay a %.
+            escaped = selector.replace("%", "%%").replace('uuid="UUID"', 'uuid="%s"')
+            return f"{{{{ range query (printf `max by ({by}) ({escaped})` $labels.uuid) }}}}"
+
+        models = query(self.serving(names.LLM_MODEL_INFO, 'uuid="UUID"'), "model, instance")
+        pods = query(self.exporter(names.GPU_KUBERNETES_POD_INFO, 'uuid="UUID"'), "namespace, pod")
+        model, pod = (
+            "{{ .Labels.model }} on {{ .Labels.instance }}",
+            "{{ .Labels.namespace }}/{{ .Labels.pod }}",
+        )
+        return (
+            f"Models on it:{models} {model};{{{{ else }}}} none seen;{{{{ end }}}} "
+            f"pods:{pods} {pod};{{{{ else }}}} none known;{{{{ end }}}}"
+        )
 
     def rule(
         self,

@@ -18,7 +18,7 @@ def _gpu_xid_error(p: Params) -> list[AlertRule]:
             events_above(xids, window, 0),
             f"{GPU} reported XID {label('xid')}.",
             f"{GPU} reported XID {label('xid')} {VALUE} times in the last {window}. This XID means a "
-            "hardware, driver or firmware fault; the GPU may need a reset or service.",
+            "hardware, driver or firmware fault; the GPU may need a reset or service. " + p.gpu_users(),
         )
     ]
 
@@ -34,7 +34,7 @@ def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
             f"{GPU} had uncorrectable ECC errors.",
             f"{GPU} counted {VALUE} uncorrectable ECC errors in the last {window}. "
             "Data in device memory was corrupted; processes using it may have crashed or computed "
-            "wrong results.",
+            "wrong results. " + p.gpu_users(),
         )
     ]
 
@@ -47,7 +47,7 @@ def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
             f"{failure} == 1",
             f"{GPU} failed to remap a memory row.",
             f"{GPU} reports a row-remapping failure: a bad memory row could not be replaced by a spare. "
-            "The GPU needs service.",
+            "The GPU needs service. " + p.gpu_users(),
         )
     ]
 
@@ -60,7 +60,7 @@ def _gpu_row_remap_pending(p: Params) -> list[AlertRule]:
             f"{pending} == 1",
             f"{GPU} needs a reset to remap a memory row.",
             f"{GPU} has had a row remapping pending for more than {p['for']}: it takes effect at the next "
-            "GPU reset, until then the bad row is still in use.",
+            "GPU reset, until then the bad row is still in use. " + p.gpu_users(),
         )
     ]
 
@@ -73,7 +73,7 @@ def _gpu_lost(p: Params) -> list[AlertRule]:
             f"{up} == 0",
             f"{GPU} does not answer.",
             f"The exporter could not read {GPU} for more than {p['for']}: it fell off the bus, hung, or "
-            "NVML fails on it.",
+            "NVML fails on it. " + p.gpu_users(),
         )
     ]
 

@@ -19,7 +19,8 @@ def _gpu_hardware_slowdown(p: Params) -> list[AlertRule]:
             f"{GPU} is in hardware slowdown ({label('reason')}).",
             f"{GPU} has reported clocks-event reason {label('reason')} for more than {p['for']}: the "
             "hardware itself cut the clocks (overheating, a power brake from the board or the power "
-            "supply), so every kernel on it runs slower and latency rises for every model it serves.",
+            "supply), so every kernel on it runs slower and latency rises for every model it serves. "
+            + p.gpu_users(),
         )
     ]
 
@@ -46,7 +47,7 @@ def _gpu_clocks_throttled(p: Params) -> list[AlertRule]:
             f"{GPU} has been held below {num(p['clock_ratio_below'] * 100)}% of its maximum SM clock by "
             f"the driver ({one_of(p['reasons'])}) for more than {p['for']} while more than "
             f"{num(p['utilization_ratio_above'] * 100)}% utilized: it is power- or thermally limited, "
-            "and tokens come out slower than the hardware allows.",
+            "and tokens come out slower than the hardware allows. " + p.gpu_users(),
         )
     ]
 
@@ -62,7 +63,7 @@ def _gpu_throttle_duty_cycle(p: Params) -> list[AlertRule]:
             f"{GPU} was throttled by {label('reason')} for {VALUE_PERCENT} of the last {window} "
             f"(threshold {num(p['duty_cycle_ratio_above'] * 100)}%), for more than {p['for']}. "
             "Sustained throttling makes latency depend on the GPU's temperature and power draw instead "
-            "of on the workload.",
+            "of on the workload. " + p.gpu_users(),
         )
     ]
 
@@ -83,6 +84,6 @@ def _gpu_temperature_near_slowdown(p: Params) -> list[AlertRule]:
             f"{GPU} is within {VALUE} °C of its slowdown temperature.",
             f"{GPU} has been less than {num(p['margin_celsius_below'])} °C below its own slowdown "
             f"threshold for more than {p['for']} ({VALUE} °C left). Past that threshold the hardware cuts "
-            "its clocks; check cooling, airflow and fans now.",
+            "its clocks; check cooling, airflow and fans now. " + p.gpu_users(),
         )
     ]

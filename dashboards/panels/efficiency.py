@@ -6,12 +6,12 @@ from __future__ import annotations
 from inferwatch.common import names
 
 from ..grafana import GREEN, YELLOW, PanelSpec, Query, above, below, steps
-from .queries import GPU, INSTANCE, SERVING, alert_settings, sel, summed
+from .queries import INSTANCE, MODELS_GPU, SERVING, alert_settings, on_models_gpu, sel, summed
 
 
 def busy_ratio() -> PanelSpec:
     limit = alert_settings("InferwatchHostBound")["busy_ratio_below"]
-    busy = f"avg by (model, device, source) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})"
+    busy = f"avg by (model, device, uuid, source) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})"
     return PanelSpec(
         "Device busy ratio",
         "Fraction of wall time the GPU ran the serving process's kernels (NVML: the process's own "
@@ -27,7 +27,8 @@ def busy_ratio() -> PanelSpec:
 def busy_ratio_vs_nvml() -> PanelSpec:
     spec = busy_ratio()
     nvml = Query(
-        f"avg by (instance, gpu) ({sel(names.GPU_UTILIZATION_RATIO, GPU)})", "NVML utilization GPU {{gpu}}"
+        on_models_gpu(f"max by (uuid, gpu) ({sel(names.GPU_UTILIZATION_RATIO, MODELS_GPU)})"),
+        "NVML utilization of {{model}}'s GPU {{gpu}}",
     )
     forwards = Query(
         f"avg by (model, device) ({sel(names.LLM_FORWARD_TIME_RATIO, SERVING)})",
@@ -35,7 +36,8 @@ def busy_ratio_vs_nvml() -> PanelSpec:
     )
     return PanelSpec(
         "Device busy ratio and NVML utilization",
-        "The serving process's kernels (busy ratio) next to NVML's view of the whole GPU and to the share "
+        "The serving process's kernels (busy ratio) next to NVML's view of the model's whole GPU (found by "
+        "its UUID) and to the share "
         "of wall time inside the model's forward passes: busy ratio and NVML both low while requests run "
         "means the host is the bottleneck; NVML high but busy ratio low means another process uses the "
         "GPU; forwards high but busy ratio low means the forwards spend their time launching kernels.",

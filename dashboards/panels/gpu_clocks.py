@@ -6,7 +6,7 @@ from __future__ import annotations
 from inferwatch.common import names
 
 from ..grafana import GREEN, RATE, RED, YELLOW, PanelSpec, Query, above, below, normal, steps
-from .queries import GPU, alert_settings, sel
+from .queries import GPU, MODELS_GPU, alert_settings, on_models_gpu, sel
 
 
 def power() -> PanelSpec:
@@ -66,6 +66,29 @@ def sm_clock_ratio() -> PanelSpec:
         "percentunit",
         below(limit),
         [Query(f"{sm} / {sm_max}", "GPU {{gpu}} {{instance}}")],
+    )
+
+
+def models_gpu_clocks() -> PanelSpec:
+    limit = alert_settings("InferwatchGpuClocksThrottled")["clock_ratio_below"]
+    duty_reasons = "|".join(alert_settings("InferwatchGpuThrottleDutyCycleHigh")["reasons"])
+    sm = sel(names.GPU_CLOCK_HZ, MODELS_GPU, 'clock="sm"')
+    sm_max = sel(names.GPU_CLOCK_MAX_HZ, MODELS_GPU, 'clock="sm"')
+    share = f"(max by (uuid, gpu) ({sm}) / max by (uuid, gpu) ({sm_max}))"
+    held_back = sel(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, MODELS_GPU, f'reason=~"{duty_reasons}"')
+    throttled = f"sum by (uuid, gpu) (rate({held_back}[{RATE}]))"
+    return PanelSpec(
+        "Each model's GPU: SM clock and throttle time",
+        "For each selected model, the GPU it runs on (found by its UUID, whatever the model's process calls "
+        f"it): its SM clock as a fraction of the maximum (InferwatchGpuClocksThrottled below {limit:.0%}), "
+        "and the fraction of time its clocks were held back by power or thermal limits. A model whose "
+        "latency rises while this falls is slowed by its GPU, not by its load.",
+        "percentunit",
+        below(limit),
+        [
+            Query(on_models_gpu(share), "SM clock {{model}} (GPU {{gpu}})"),
+            Query(on_models_gpu(throttled), "throttled {{model}} (GPU {{gpu}})"),
+        ],
     )
 
 

@@ -18,12 +18,15 @@ from functools import cache
 from typing import Any
 
 from inferwatch.alerts.config import default_config
+from inferwatch.common import names
 
 from ..grafana import RATE, Query
 
 # Label matchers every serving-side / per-GPU / per-instance selector carries.
 SERVING = 'model=~"$model", instance=~"$instance"'
 GPU = 'instance=~"$instance", gpu=~"$gpu"'
+# The GPU side of a join onto each model's GPU (on_models_gpu): found by UUID, on whichever exporter.
+MODELS_GPU = 'gpu=~"$gpu"'
 INSTANCE = 'instance=~"$instance"'
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -38,6 +41,19 @@ def alert_settings(name: str) -> dict[str, Any]:
 def sel(metric: str, matchers: str, extra: str = "") -> str:
     """``metric{matchers, extra}``."""
     return f"{metric}{{{matchers}{', ' + extra if extra else ''}}}"
+
+
+def on_models_gpu(gpu_expr: str) -> str:
+    """``gpu_expr`` (one series per GPU, by ``uuid`` and ``gpu``) for each selected model on that GPU.
+
+    The join is on the GPU's UUID alone, which both sides carry as NVML spells it (docs/metrics.md,
+    "Joining a model to its GPU"): a model's ``device`` is numbered by its own process, and its
+    ``instance`` is the serving endpoint, not the exporter. ``group_left`` keeps the model's labels and adds
+    the exporter's GPU index; several models on one GPU each get the GPU's value.
+    """
+    on_a_gpu = sel(names.LLM_MODEL_INFO, SERVING, 'uuid!=""')
+    models = f"max by (model, uuid) ({on_a_gpu})"
+    return f"{models}\n  * on (uuid) group_left (gpu)\n{gpu_expr}"
 
 
 def summed(function: str, metric: str, matchers: str, by: str) -> str:

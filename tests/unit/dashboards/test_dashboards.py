@@ -104,10 +104,15 @@ def test_every_panel_has_a_unit_thresholds_a_description_and_the_datasource_vari
 
 def test_every_panel_filters_by_the_variables_it_can() -> None:
     for where, expr in _exprs():
-        for selector in re.findall(r"[a-z_]+\{[^}]*\}", expr):
+        # The GPU side of a join onto each model's GPU is found by UUID on whichever exporter has it: the
+        # instance variable selects the model's serving endpoint there.
+        models, _, models_gpu = expr.partition("on (uuid) group_left")
+        for selector in re.findall(r"[a-z_]+\{[^}]*\}", models):
             assert 'instance=~"$instance"' in selector, (where, selector)
             if selector.startswith("gpu_"):
                 assert 'gpu=~"$gpu"' in selector, (where, selector)
+        for selector in re.findall(r"[a-z_]+\{[^}]*\}", models_gpu):
+            assert 'gpu=~"$gpu"' in selector and "$instance" not in selector, (where, selector)
 
 
 def test_every_range_is_the_rate_interval() -> None:
