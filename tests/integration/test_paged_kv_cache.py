@@ -12,7 +12,6 @@ blocks, a preemption counter at zero). Every expected figure follows from those 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from inferwatch.instrumentation.exposition import start_http_server
 from inferwatch.monitor import checklist
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from tests.support.services import Prometheus, require_binary, start_prometheus, wait_until
+from tests.support.services import Prometheus, run_inferwatch, start_prometheus, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +35,6 @@ FAST_ALERTS = {
     "InferwatchKvCachePreemptions": {"for": "3s", "window": "10s"},
 }
 DIAGNOSE_WINDOW = ("--window", "6s", "--step", "2s", "--rate-window", "4s")
-
-
-def inferwatch(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [require_binary("inferwatch"), *argv], capture_output=True, text=True, timeout=120, check=False
-    )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +107,7 @@ def test_the_kv_cache_alerts_fire_for_the_paged_cache_only(prometheus: Prometheu
 
 def test_diagnose_reports_the_full_and_preempting_cache(prometheus: Prometheus, serving: str) -> None:
     prometheus.wait_for_history('llm_kv_cache_blocks{state="used"}', 12)
-    result = inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
+    result = run_inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     kv = [f for f in report["findings"] if f["check"] == "kv-cache"]
@@ -136,7 +129,7 @@ def test_diagnose_reports_the_full_and_preempting_cache(prometheus: Prometheus, 
 
 
 def test_top_shows_the_blocks_and_the_preemptions(serving: str) -> None:
-    result = inferwatch("top", "--once", "--json", "--window", "2", serving)
+    result = run_inferwatch("top", "--once", "--json", "--window", "2", serving)
     assert result.returncode == 0, result.stderr
     models = {row["model"]: row for row in json.loads(result.stdout)["models"]}
     assert models["cb"]["kv_blocks_used_ratio"] == 0.95
@@ -144,5 +137,5 @@ def test_top_shows_the_blocks_and_the_preemptions(serving: str) -> None:
     assert models["cb"]["kv_preemptions_per_second"] == pytest.approx(PREEMPTIONS_PER_SECOND, rel=0.6)
     assert models["gen"]["kv_blocks_used_ratio"] is None
     assert models["gen"]["kv_preemptions_per_second"] == 0.0
-    text = inferwatch("top", "--once", "--window", "1", serving).stdout
+    text = run_inferwatch("top", "--once", "--window", "1", serving).stdout
     assert "KV blocks used" in text and "95%" in text

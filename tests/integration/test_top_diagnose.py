@@ -26,6 +26,7 @@ from tests.support.services import (
     Prometheus,
     RunningProcess,
     require_binary,
+    run_inferwatch,
     start_demo,
     start_exporter,
     start_prometheus,
@@ -46,13 +47,6 @@ FROZEN_EXPORTER_FLAGS = ["--collector.interval=1h", "--collector.timeout=10s"]
 DEMO_ARGS = {"model": "tiny-llama", "duration": 300.0, "max_new_tokens": 16}
 # On a GPU: a host-side sleep per decode step far longer than a tiny model's step keeps the GPU idle.
 STEP_SLEEP_SECONDS = 0.02
-
-
-def inferwatch(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the real ``inferwatch`` command; stdout is a pipe, so output is plain text."""
-    return subprocess.run(
-        [require_binary("inferwatch"), *argv], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def scrape(address: str) -> str:
@@ -114,7 +108,7 @@ def test_top_once_shows_the_exporters_numbers(
 ) -> None:
     (demo_proc, demo_address), (_, exporter_address) = demo, exporter
     wait_for_traffic(demo_address)
-    result = inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
+    result = run_inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
     assert result.returncode == 0, result.stderr
     frame = json.loads(result.stdout)
     text = scrape(exporter_address)  # the stand-in's figures are constant between scrapes
@@ -164,7 +158,7 @@ def test_top_once_shows_the_exporters_numbers(
     assert host["cpus"] == required(text, "host_cpus")
     assert host["memory_available_bytes"] == required(text, "host_memory_available_bytes")
 
-    rendered = inferwatch("top", "--once", "--window", "0.5", demo_address, exporter_address)
+    rendered = run_inferwatch("top", "--once", "--window", "0.5", demo_address, exporter_address)
     assert rendered.returncode == 0, rendered.stderr
     assert "\x1b[" not in rendered.stdout
     gpu0 = frame["gpus"][0]
@@ -183,7 +177,7 @@ def test_top_once_tokens_per_second_is_the_counter_difference(demo: tuple[Runnin
     _, address = demo
     wait_for_traffic(address)
     before = sample_value(scrape(address), "llm_generation_tokens_total")
-    result = inferwatch("top", "--once", "--json", "--window", "1.5", address)
+    result = run_inferwatch("top", "--once", "--json", "--window", "1.5", address)
     after = sample_value(scrape(address), "llm_generation_tokens_total")
     assert result.returncode == 0, result.stderr
     frame = json.loads(result.stdout)
@@ -242,7 +236,7 @@ HISTORY_SECONDS = 6 + RATE_WINDOW_SECONDS + 2
 
 
 def diagnose_prometheus(prometheus: Prometheus) -> tuple[int, dict[str, Any], str]:
-    result = inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
+    result = run_inferwatch("diagnose", "--prometheus", prometheus.url, *DIAGNOSE_WINDOW, "--json")
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
 
@@ -277,7 +271,7 @@ def test_diagnose_reports_a_host_bound_gpu_process(
 
 
 def test_diagnose_on_live_endpoints(host_bound: GpuServing, exporter: tuple[RunningProcess, str]) -> None:
-    result = inferwatch(
+    result = run_inferwatch(
         "diagnose", "--endpoint", host_bound.address, "--endpoint", exporter[1], "--samples", "4",
         "--interval", "1", "--json",
     )  # fmt: skip
@@ -376,7 +370,7 @@ def test_top_and_diagnose_on_a_real_gpu(tmp_path: Path) -> None:
         start_exporter(extra_args=EXPORTER_FLAGS, workdir=tmp_path / "exporter") as (_, exporter_address),
     ):
         wait_for_traffic(demo_address, minimum_tokens=10)
-        result = inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
+        result = run_inferwatch("top", "--once", "--json", "--window", "1", demo_address, exporter_address)
         assert result.returncode == 0, result.stderr
         frame = json.loads(result.stdout)
         text = scrape(exporter_address)
@@ -388,8 +382,14 @@ def test_top_and_diagnose_on_a_real_gpu(tmp_path: Path) -> None:
             assert 0 <= gpu["utilization"] <= 1
         (model,) = frame["models"]
         assert model["device"].startswith("cuda")
+        # The model's GPU as NVML names it, in the serving process and in the exporter: one UUID, the one
+        # nvidia-smi gives, and each side finds the other by it.
+        assert model["gpu_uuid"] in nvidia_smi_uuids()
+        (its_gpu,) = [gpu for gpu in frame["gpus"] if gpu["uuid"] == model["gpu_uuid"]]
+        assert (model["gpu"], model["gpu_instance"]) == (its_gpu["gpu"], exporter_address)
+        assert its_gpu["serving"] == [f"model tiny-llama on {demo_address}"]
 
-        diagnosis = inferwatch(
+        diagnosis = run_inferwatch(
             "diagnose", "--endpoint", demo_address, "--endpoint", exporter_address,
             "--samples", "4", "--interval", "1", "--json",
         )  # fmt: skip
@@ -397,3 +397,33 @@ def test_top_and_diagnose_on_a_real_gpu(tmp_path: Path) -> None:
         assert ("host-bound", f"model tiny-llama on {demo_address}") in {
             (f["check"], f["subject"]) for f in report["findings"]
         }, (report, scrape(demo_address))
+
+
+def nvidia_smi_uuids() -> set[str]:
+    """The GPUs' UUIDs as nvidia-smi lists them: the driver's word, independent of NVML's Python binding."""
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {line.strip() for line in listed.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.gpu
+def test_the_launch_bound_finding_names_the_model_on_its_gpu(tmp_path: Path) -> None:
+    """On a CUDA machine: a tiny model decoding flat out is a stream of tiny kernels (the SMs idle while
+    kernels run); the finding on its GPU names the model, joined by the GPU's UUID."""
+    with (
+        start_demo(**DEMO_ARGS, workdir=tmp_path / "demo") as (_, demo_address),
+        start_exporter(extra_args=EXPORTER_FLAGS, workdir=tmp_path / "exporter") as (_, exporter_address),
+    ):
+        wait_for_traffic(demo_address, minimum_tokens=10)
+        diagnosis = run_inferwatch(
+            "diagnose", "--endpoint", demo_address, "--endpoint", exporter_address,
+            "--samples", "4", "--interval", "1", "--json",
+        )  # fmt: skip
+        report = json.loads(diagnosis.stdout)
+        launch_bound = [f for f in report["findings"] if f["check"] == "launch-bound"]
+        assert launch_bound, report
+        assert launch_bound[0]["summary"].endswith(f"; it serves model tiny-llama on {demo_address}"), report

@@ -158,6 +158,13 @@ def start_process(
             proc.stop()
 
 
+def run_inferwatch(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real ``inferwatch`` command to its end; stdout is a pipe, so its output is plain text."""
+    return subprocess.run(
+        [require_binary("inferwatch"), *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def wait_until(
     probe: Callable[[], Any], timeout: float, what: str | Callable[[], str], interval: float = 0.25
 ) -> Any:
