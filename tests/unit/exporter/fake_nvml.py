@@ -238,7 +238,19 @@ def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
 
 def nvmlDeviceGetUUID(handle: _Handle) -> str:
     _enter(handle, "nvmlDeviceGetUUID")
-    return f"GPU-fa4e0000-0000-4000-8000-{handle.gpu:012d}"
+    if handle.mig is not None:
+        return mig_uuid(handle.gpu, handle.mig)
+    return gpu_uuid(handle.gpu)
+
+
+def gpu_uuid(gpu: int) -> str:
+    """The UUID the stand-in gives GPU ``gpu``."""
+    return f"GPU-fa4e0000-0000-4000-8000-{gpu:012d}"
+
+
+def mig_uuid(gpu: int, slot: int) -> str:
+    """The UUID the stand-in gives the MIG device in ``slot`` of GPU ``gpu`` (GPU instance id slot + 1)."""
+    return f"MIG-fa4e{gpu:04d}-0000-4000-8000-{slot:012d}"
 
 
 def nvmlDeviceGetName(handle: _Handle) -> str:
