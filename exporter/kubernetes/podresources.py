@@ -65,9 +65,11 @@ LIST_DURATION = MetricSpec(
 
 # More GPU devices than any node holds: an answer beyond is not a kubelet's, and would flood the labels.
 MAX_ALLOCATIONS = 4096
-# Kubernetes' own limits on the names (DNS-1123 labels and subdomains), and a bound on device IDs.
+# Kubernetes' own limits on the names (DNS-1123 labels and subdomains, qualified resource names), and a
+# bound on device IDs.
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_RESOURCE = re.compile(r"(?=.{1,317}$)([a-z0-9][-a-z0-9.]*/)?[A-Za-z0-9][-A-Za-z0-9_.]*")
 _DEVICE_ID = re.compile(r"[\x21-\x7e]{1,256}")
 
 
@@ -83,7 +85,6 @@ class Allocation:
     pod: str
     container: str
     resource: str
-    device_id: str
     device: DeviceRef
 
 
@@ -91,8 +92,8 @@ def gpu_allocations(response: Any, resources: Sequence[str]) -> tuple[Allocation
     """The devices of the ``resources`` patterns (``fnmatch``) in a ``ListPodResourcesResponse``.
 
     Device IDs of a form not known (:mod:`.devices`) are left out. Raises :class:`MalformedAnswer` for a
-    name that is not a Kubernetes name, a device ID that is not printable, or more than
-    :data:`MAX_ALLOCATIONS` devices.
+    name that is not a Kubernetes name (of a namespace, pod, container or resource), a device ID that is
+    not printable, or more than :data:`MAX_ALLOCATIONS` devices.
     """
     found = []
     for pod in response.pod_resources:
@@ -101,26 +102,29 @@ def gpu_allocations(response: Any, resources: Sequence[str]) -> tuple[Allocation
                 if not any(fnmatchcase(devices.resource_name, pattern) for pattern in resources):
                     continue
                 for device_id in devices.device_ids:
-                    _check(pod.namespace, pod.name, container.name, device_id)
+                    _check(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
                     device = parse_device_id(device_id)
                     if device is None:
-                        log.debug("device ID %r of %s is of a form not known; left out", device_id, devices)
+                        log.debug(
+                            "%s device ID %r is of a form not known; left out",
+                            devices.resource_name,
+                            device_id,
+                        )
                         continue
                     found.append(
-                        Allocation(
-                            pod.namespace, pod.name, container.name, devices.resource_name, device_id, device
-                        )
+                        Allocation(pod.namespace, pod.name, container.name, devices.resource_name, device)
                     )
                     if len(found) > MAX_ALLOCATIONS:
                         raise MalformedAnswer(f"more than {MAX_ALLOCATIONS} GPU devices")
     return tuple(found)
 
 
-def _check(namespace: str, pod: str, container: str, device_id: str) -> None:
+def _check(namespace: str, pod: str, container: str, resource: str, device_id: str) -> None:
     for what, value, pattern in (
         ("namespace", namespace, _LABEL),
         ("pod name", pod, _SUBDOMAIN),
         ("container name", container, _LABEL),
+        ("resource name", resource, _RESOURCE),
         ("device ID", device_id, _DEVICE_ID),
     ):
         if not pattern.fullmatch(value):

@@ -239,9 +239,10 @@ def wait_for(poller: Any, predicate: Any, timeout: float = 10.0) -> str:
         [gpu_pod("ns", "", "0")],
         [Pod("ns", "a", {"": {"nvidia.com/gpu": ["0"]}})],
         [gpu_pod("ns", "a", "GPU 0 with spaces")],
+        [gpu_pod("ns", "a", "0", resource="nvidia.com/mig-1g 18gb")],
         [gpu_pod("ns", f"p{i}", *[f"GPU-{i:08x}::{r}" for r in range(100)]) for i in range(50)],
     ],
-    ids=["namespace", "empty-pod", "empty-container", "device-id", "too-many-devices"],
+    ids=["namespace", "empty-pod", "empty-container", "device-id", "resource", "too-many-devices"],
 )
 def test_an_answer_no_kubelet_gives_is_malformed_and_gives_no_series(
     k8s_poller: MakePoller, kubelet: PodResourcesServer, pods: list[Pod]
