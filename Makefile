@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_ARGS ?=
 
-.PHONY: demo test lint system-deps clean
+.PHONY: demo test lint system-deps clean podresources
 
 $(VENV)/.stamp-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,20 @@ lint: $(VENV)/.stamp-dev
 
 test: $(VENV)/.stamp-dev system-deps lint
 	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+
+# The messages of the kubelet's PodResources API (exporter/kubernetes/podresources.proto) as Python,
+# generated once and committed, like kubernetes-mixin's generated files: run this after changing the
+# .proto. protoc runs in a tree where the file sits at its import path, inferwatch/exporter/kubernetes/,
+# so that the descriptor's file name cannot clash with another api.proto in the process. No gRPC stubs
+# are generated: the exporter calls the one method itself and decodes the answer (podresources.py says
+# why), so the generated code needs only protobuf, not a grpcio as new as grpcio-tools.
+PROTO_TREE := build/protoc
+podresources: $(VENV)/.stamp-dev
+	rm -rf $(PROTO_TREE) && mkdir -p $(PROTO_TREE)/inferwatch
+	ln -s ../../../exporter $(PROTO_TREE)/inferwatch/exporter
+	$(PY) -m grpc_tools.protoc -I$(PROTO_TREE) --python_out=$(PROTO_TREE) \
+		$(PROTO_TREE)/inferwatch/exporter/kubernetes/podresources.proto
+	rm -rf $(PROTO_TREE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

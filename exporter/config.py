@@ -25,6 +25,10 @@ ENV_PREFIX = "INFERWATCH_EXPORTER_"
 #: Not 9835 (nvidia_gpu_exporter), 9400 (dcgm-exporter) nor any port of Prometheus' default port
 #: allocations; next to the serving endpoint's 8797 (docs/exporter.md, "Default port").
 DEFAULT_PORT = 8798
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: The extended resources of NVIDIA's device plugin: whole GPUs, their time-sliced replicas when renamed
+#: (``renameByDefault``), and MIG devices (``nvidia.com/mig-1g.10gb``, shared or not).
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 
@@ -50,6 +54,11 @@ class ExporterConfig:
     name_pattern: re.Pattern[str] | None = None
     gpu_processes: bool = True
     nvml_retry_interval: float = 30.0
+    kubernetes: bool = True
+    kubernetes_socket: str = DEFAULT_SOCKET
+    kubernetes_resources: tuple[str, ...] = DEFAULT_RESOURCES
+    kubernetes_timeout: float = 2.0
+    kubernetes_interval: float = 10.0
     log_level: str = "info"
     nvml_module: str = DEFAULT_NVML_MODULE
 
@@ -82,6 +91,8 @@ def bounded_duration(low: str, high: str) -> Callable[[str], float]:
 MAX_TIMEOUT = "5m"
 parse_interval = bounded_duration("100ms", "1h")
 parse_timeout = bounded_duration("100ms", MAX_TIMEOUT)
+parse_kubernetes_interval = bounded_duration("1s", "1h")
+parse_kubernetes_timeout = bounded_duration("100ms", "1m")
 
 
 def parse_optional_timeout(value: str) -> float | None:
@@ -160,6 +171,15 @@ def parse_log_level(value: str) -> str:
 
 def parse_path_list(value: str) -> tuple[str, ...]:
     return tuple(path for path in value.split(",") if path)
+
+
+def parse_resources(value: str) -> tuple[str, ...]:
+    """A comma-separated list of extended resource names, ``*`` and ``?`` matching any characters."""
+    tokens = tuple(token.strip() for token in value.split(",") if token.strip())
+    bad = [t for t in tokens if not re.fullmatch(r"[a-z0-9*?]([-a-z0-9.*?]*/)?[-a-zA-Z0-9._*?]+", t)]
+    if bad or not tokens:
+        raise ValueError(f"{value!r} is not a list of resource names such as nvidia.com/gpu,nvidia.com/mig-*")
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -308,6 +328,46 @@ OPTIONS = (
         parse_interval,
         "30s",
         "how often to retry initialising NVML while it is unavailable (100ms to 1h)",
+        metavar="DURATION",
+    ),
+    Option(
+        "--collector.kubernetes",
+        "kubernetes",
+        parse_bool,
+        "true",
+        "pods and containers holding each GPU (the kubelet's PodResources API) and the pod of each process",
+        "bool",
+    ),
+    Option(
+        "--kubernetes.pod-resources-socket",
+        "kubernetes_socket",
+        str,
+        DEFAULT_SOCKET,
+        "the kubelet's PodResources socket; none there means no pod series",
+        metavar="PATH",
+    ),
+    Option(
+        "--kubernetes.resources",
+        "kubernetes_resources",
+        parse_resources,
+        ",".join(DEFAULT_RESOURCES),
+        "extended resources that are GPUs, comma-separated; * matches any characters",
+        metavar="LIST",
+    ),
+    Option(
+        "--kubernetes.timeout",
+        "kubernetes_timeout",
+        parse_kubernetes_timeout,
+        "2s",
+        "how long one List of the PodResources API may take (100ms to 1m)",
+        metavar="DURATION",
+    ),
+    Option(
+        "--kubernetes.interval",
+        "kubernetes_interval",
+        parse_kubernetes_interval,
+        "10s",
+        "how often to List the PodResources API (1s to 1h)",
         metavar="DURATION",
     ),
     Option(

@@ -30,7 +30,14 @@ from typing import TypeVar
 
 from inferwatch.common.lograte import RateLimit
 
-from .collectors import GpuCollector, HostCollector, HostContext, gpu_collectors, host_collectors
+from .collectors import (
+    GpuCollector,
+    HostCollector,
+    HostContext,
+    PodAttribution,
+    gpu_collectors,
+    host_collectors,
+)
 from .config import ExporterConfig
 from .counters import MonotonicCounters
 from .nvml import HUNG, GpuContext, GpuDevice, GpuLost, NvmlGone, NvmlSession
@@ -155,8 +162,10 @@ class Poller:
         self._config = config
         self._nvml = nvml
         self._version = version
-        self._gpu_collectors = gpu_collectors(config)
-        self._host_collectors = host_collectors(config)
+        # What the Kubernetes collectors share, with the thread that lists the kubelet's pod resources.
+        self.pods = PodAttribution.from_config(config) if config.kubernetes else None
+        self._gpu_collectors = gpu_collectors(config, self.pods)
+        self._host_collectors = host_collectors(config, self.pods)
         self._counters = MonotonicCounters()
         self.nvml_errors = Tally(NVML_ERRORS)
         names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
@@ -190,11 +199,15 @@ class Poller:
         self._loop_thread = threading.Thread(target=self._loop, name="poller", daemon=True)
         self._loop_thread.start()
         threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+        if self.pods is not None:
+            self.pods.watcher.start()
 
     def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
         """Stop polling: give the running collection ``wait`` seconds to end, then shut NVML down unless a
         collection or a GPU thread is still inside it (the process is about to exit and frees it)."""
         self._stop.set()
+        if self.pods is not None:
+            self.pods.watcher.stop()
         if self._loop_thread is not None:
             self._loop_thread.join(wait)
             if self._loop_thread.is_alive():
@@ -210,11 +223,14 @@ class Poller:
         yield from self.collector_errors.samples()
         if self._config.xid:
             yield from self.xid_events.samples()
+        if self.pods is not None:
+            yield from self.pods.watcher.samples()
 
     def state(self) -> tuple[object, ...]:
         """Changes whenever :meth:`samples` would yield something else (compare with ``==``)."""
         tallies = (self.overruns, self.nvml_errors, self.collector_errors)
-        return (self.snapshot.sequence, *(t.version for t in tallies), self.xid_events.version)
+        watcher = self.pods.watcher.version if self.pods is not None else 0
+        return (self.snapshot.sequence, *(t.version for t in tallies), self.xid_events.version, watcher)
 
     def _loop(self) -> None:
         due = time.monotonic()
@@ -258,7 +274,7 @@ class Poller:
 
         session = self._open_session()
         samples.append(Sample(NVML_UP, (), 1.0 if session is not None else 0.0))
-        gpu_pids: set[int] = set()
+        gpu_pids: dict[int, set[str]] = {}
         if session is not None:
             samples += self._collect_gpus(session, durations, failures, gpu_pids)
         host = HostContext(gpu_pids)
@@ -288,7 +304,7 @@ class Poller:
         session: NvmlSession,
         durations: dict[str, float],
         failures: list[tuple[str, BaseException]],
-        gpu_pids: set[int],
+        gpu_pids: dict[int, set[str]],
     ) -> list[Sample]:
         started: dict[GpuDevice, GpuJob] = {}
         for device in session.devices:
@@ -309,7 +325,8 @@ class Poller:
             up = finished and job.outcome is Outcome.OK
             if up:
                 samples += self._adjusted(job.context.samples)
-                gpu_pids |= job.context.process_ids
+                for pid in job.context.process_ids:
+                    gpu_pids.setdefault(pid, set()).add(device.uuid)
                 self._last_read[device.labels] = (time.time(), job.elapsed)
                 for name, seconds in job.durations.items():
                     durations[name] += seconds

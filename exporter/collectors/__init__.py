@@ -18,6 +18,7 @@ from .gpm import GpmCollector
 from .gpu_processes import GpuProcessesCollector
 from .host import HostStatsCollector
 from .identity import IdentityCollector
+from .kubernetes import KubernetesPodsCollector, KubernetesProcessesCollector, PodAttribution
 from .memory import MemoryCollector
 from .mig import MigCollector
 from .nvlink import NvlinkCollector
@@ -31,11 +32,19 @@ from .utilization import UtilizationCollector
 if TYPE_CHECKING:
     from ..config import ExporterConfig
 
-__all__ = ["GpuCollector", "HostCollector", "HostContext", "gpu_collectors", "host_collectors"]
+__all__ = [
+    "GpuCollector",
+    "HostCollector",
+    "HostContext",
+    "PodAttribution",
+    "gpu_collectors",
+    "host_collectors",
+]
 
 
-def gpu_collectors(config: ExporterConfig) -> list[GpuCollector]:
-    """The NVML collectors the configuration enables, in the order they run."""
+def gpu_collectors(config: ExporterConfig, pods: PodAttribution | None = None) -> list[GpuCollector]:
+    """The NVML collectors the configuration enables, in the order they run; ``pods`` (with
+    ``--collector.kubernetes``) is what the Kubernetes collectors share."""
     collectors: list[GpuCollector] = [
         IdentityCollector(),
         UtilizationCollector(),
@@ -55,11 +64,13 @@ def gpu_collectors(config: ExporterConfig) -> list[GpuCollector]:
         collectors.append(GpuProcessesCollector(config.processes_max))
     if config.pcie_throughput:
         collectors.append(PcieThroughputCollector())
+    if pods is not None:
+        collectors.append(KubernetesPodsCollector(pods))
     return collectors
 
 
-def host_collectors(config: ExporterConfig) -> list[HostCollector]:
-    """The psutil collectors the configuration enables."""
+def host_collectors(config: ExporterConfig, pods: PodAttribution | None = None) -> list[HostCollector]:
+    """The psutil collectors the configuration enables, in the order they run."""
     collectors: list[HostCollector] = []
     if config.host:
         collectors.append(HostStatsCollector())
@@ -69,4 +80,6 @@ def host_collectors(config: ExporterConfig) -> list[HostCollector]:
                 config.pid_files, config.name_pattern, config.gpu_processes, config.processes_max
             )
         )
+        if pods is not None:  # after the serving processes, which it names too
+            collectors.append(KubernetesProcessesCollector(pods, config.processes_max))
     return collectors

@@ -17,11 +17,13 @@ class GpuCollector(Protocol):
 
 
 class HostContext:
-    """One collection of the host: where host collectors put samples, and the PIDs seen on GPUs."""
+    """One collection of the host: where host collectors put samples, the processes seen on GPUs (PID ->
+    UUIDs of the GPUs it runs on), and the serving processes the processes collector gave series."""
 
-    def __init__(self, gpu_process_ids: set[int]) -> None:
+    def __init__(self, gpu_processes: dict[int, set[str]]) -> None:
         self.samples: list[Sample] = []
-        self.gpu_process_ids = gpu_process_ids
+        self.gpu_processes = gpu_processes
+        self.serving_process_ids: list[int] = []
 
     def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
         self.samples.append(Sample(spec, labels, float(value)))

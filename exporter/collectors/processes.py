@@ -62,7 +62,7 @@ class ProcessesCollector:
         self._processes: dict[int, psutil.Process] = {}
 
     def collect(self, host: HostContext) -> None:
-        gpu_pids = sorted(host.gpu_process_ids) if self._include_gpu else []
+        gpu_pids = sorted(host.gpu_processes) if self._include_gpu else []
         matched = list(dict.fromkeys([*self._pid_file_matches(), *self._pattern_matches(), *gpu_pids]))
         host.emit(MATCHED, len(matched))
         processes = {}
@@ -84,6 +84,7 @@ class ProcessesCollector:
             host.emit(RESIDENT_MEMORY, rss, *labels)
             host.emit(THREADS, threads, *labels)
         self._processes = processes
+        host.serving_process_ids = list(processes)
 
     def _process(self, pid: int) -> psutil.Process | None:
         """A psutil handle for ``pid``, kept between polls unless the PID now belongs to another process."""

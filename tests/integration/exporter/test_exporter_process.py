@@ -1,5 +1,6 @@
 """``inferwatch-exporter`` as a real process, scraped over HTTP: startup, bad configuration, NVML faults
-driven through the stand-in (``tests.unit.exporter.fake_nvml``), concurrency, TLS and basic auth."""
+driven through the stand-in (``tests.unit.exporter.fake_nvml``), concurrency, TLS and basic auth, and the
+pods of a stand-in kubelet (``tests.support.kubelet``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from inferwatch.exporter.config import OPTIONS
 
 from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
+from tests.support.kubelet import PodResourcesServer, gpu_pod
 from tests.support.services import RunningProcess, start_exporter, start_process, wait_until
+from tests.unit.exporter import fake_nvml
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.integration
@@ -117,6 +120,8 @@ def test_without_nvml_it_serves_host_metrics_logs_once_and_never_imports_torch(t
     assert "inferwatch.exporter.poller" in imported  # the log really lists the exporter's imports
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
     assert not {"numpy"} & imported
+    # No kubelet socket here: gRPC and protobuf stay out of the exporter's memory.
+    assert not {m for m in imported if m.split(".")[0] in ("grpc", "google")}
     nvml_lines = [line for line in log.splitlines() if "NVML unavailable" in line]
     assert len(nvml_lines) == 1, nvml_lines
 
@@ -318,6 +323,56 @@ def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path
         started = time.monotonic()
         assert exporter.proc.stop() == 0  # the stuck thread does not hold up shutdown
         assert time.monotonic() - started < 5
+
+
+def test_pods_of_the_kubelet_on_their_gpus_and_a_kubelet_that_hangs_does_not_stall_scrapes(
+    tmp_path: Path,
+) -> None:
+    socket_path = tmp_path / "kubelet.sock"
+    pods = [
+        gpu_pod("team-a", "llm-0", fake_nvml.gpu_uuid(2)),
+        gpu_pod("team-b", "llm-1", "5", container="server"),  # the device plugin's index strategy
+    ]
+    kubernetes = [f"--kubernetes.pod-resources-socket={socket_path}", "--kubernetes.interval=1s"]
+    with (
+        PodResourcesServer(socket_path, pods) as kubelet,
+        fake_exporter(tmp_path, {"gpus": 8}, *kubernetes, "--kubernetes.timeout=1s") as exporter,
+    ):
+        text = exporter.wait_for(lambda t: "gpu_kubernetes_pod_info" in t, "the pods' series")
+        held = {
+            tuple(s.labels[k] for k in ("gpu", "uuid", "mig_uuid", "namespace", "pod", "container"))
+            for s in parse_samples(text)
+            if s.name == "gpu_kubernetes_pod_info"
+        }
+        assert held == {
+            ("2", fake_nvml.gpu_uuid(2), "", "team-a", "llm-0", "main"),
+            ("5", fake_nvml.gpu_uuid(5), "", "team-b", "llm-1", "server"),
+        }
+        assert sample_value(text, "inferwatch_exporter_kubernetes_up") == 1
+
+        kubelet.mode = "hang"
+        latencies = []
+        for _ in range(30):  # 1.5 s: Lists hang for their whole 1 s deadline meanwhile
+            started = time.perf_counter()
+            text = exporter.scrape()
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.05)
+        # As for a hung NVML call: one scrape past 100 ms allowed for a descheduled process on a shared CI
+        # machine.
+        assert max(latencies) < 1.0, latencies
+        assert sorted(latencies)[-2] < 0.1, latencies
+        errors = "inferwatch_exporter_kubernetes_errors_total"
+        text = exporter.wait_for(lambda t: sample_value(t, errors, error="timeout") >= 1, "a timed-out List")
+        text = exporter.wait_for(lambda t: "gpu_kubernetes_pod_info" not in t, "the pods' series gone")
+        assert sample_value(text, "inferwatch_exporter_kubernetes_up") == 0
+        assert gpu_value(text, "gpu_up", 7) == 1
+        exporter.wait_for(lambda t: sample_value(t, errors, error="timeout") >= 3, "Lists still timing out")
+        started = time.monotonic()
+        assert exporter.proc.stop() == 0  # a List stuck in gRPC does not hold up shutdown
+        assert time.monotonic() - started < 5
+    (log,) = tmp_path.glob("exporter-*.log")
+    timeouts = [line for line in log.read_text().splitlines() if "timeout" in line and "PodResources" in line]
+    assert len(timeouts) == 1, timeouts  # one line for the failure, not one per List
 
 
 def test_200_scrapes_from_20_concurrent_clients(tmp_path: Path) -> None:

@@ -104,10 +104,49 @@ def test_exporter_resources_fit_its_benchmark_targets(kustomize_builds: dict) ->
 def test_host_pid_only_where_per_process_metrics_are_asked_for(
     kustomize_builds: dict, build_name: str
 ) -> None:
-    kustomization = yaml.safe_load((KUBERNETES_DIR / build_name / "kustomization.yaml").read_text())
-    wants_processes = any(c.endswith("/per-process-metrics") for c in kustomization.get("components", []))
+    wants_processes = any(c.endswith("/per-process-metrics") for c in _components(build_name))
     pod = the(kustomize_builds[build_name], "DaemonSet", "inferwatch-exporter")["spec"]["template"]["spec"]
     assert bool(pod.get("hostPID")) is wants_processes
+
+
+def _components(build_name: str) -> list[str]:
+    kustomization = yaml.safe_load((KUBERNETES_DIR / build_name / "kustomization.yaml").read_text())
+    return kustomization.get("components", [])
+
+
+@pytest.mark.parametrize("build_name", BUILDS)
+def test_the_pod_resources_socket_is_mounted_read_only_and_root_only_where_attribution_is_asked_for(
+    kustomize_builds: dict, build_name: str
+) -> None:
+    wants_pods = any(c.endswith("/pod-attribution") for c in _components(build_name))
+    pod = the(kustomize_builds[build_name], "DaemonSet", "inferwatch-exporter")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    if not wants_pods:
+        assert host_paths == {} and pod["securityContext"]["runAsNonRoot"] is True
+        return
+    assert host_paths == {"pod-resources": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}
+    mount = mounts["pod-resources"]
+    assert mount["readOnly"] is True and mount["mountPath"] == "/var/lib/kubelet/pod-resources"
+    # Root for the kubelet's root-only socket, and nothing more than that.
+    assert pod["securityContext"]["runAsUser"] == 0
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert not security.get("privileged") and not pod.get("hostNetwork")
+
+
+@pytest.mark.parametrize("build_name", BUILDS)
+def test_the_exporter_s_pod_labels_are_honoured_and_its_own_pod_s_dropped(
+    kustomize_builds: dict, build_name: str
+) -> None:
+    (endpoint,) = the(kustomize_builds[build_name], "ServiceMonitor", "inferwatch-exporter")["spec"][
+        "endpoints"
+    ]
+    assert endpoint["honorLabels"] is True
+    drops = [r["regex"] for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    assert [set(d.split("|")) for d in drops] == [{"namespace", "pod", "container"}]
 
 
 @pytest.mark.parametrize("build_name", BUILDS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 from typing import Any
 
@@ -74,6 +75,11 @@ def test_every_kubernetes_build_configures_the_exporter(kustomize_builds: dict) 
         assert config.listen_port == container["ports"][0]["containerPort"], name
         pod = next(o for o in build if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
         assert config.processes is bool(pod.get("hostPID")), f"{name}: per-process metrics need hostPID"
+        # Where the kubelet's socket directory is mounted, the exporter looks for the socket in it.
+        mounted = {m["mountPath"] for m in container["volumeMounts"]}
+        if "/var/lib/kubelet/pod-resources" in mounted:
+            assert config.kubernetes, name
+            assert os.path.dirname(config.kubernetes_socket) == "/var/lib/kubelet/pod-resources", name
 
 
 def test_the_serving_image_runs_the_demo_on_its_exposed_port() -> None:

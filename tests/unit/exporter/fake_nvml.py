@@ -238,14 +238,21 @@ def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
 # --- identity -----------------------------------------------------------------------------------------
 
 
-def gpu_uuid(index: int) -> str:
-    """The UUID of stand-in GPU ``index``, as NVML spells UUIDs."""
-    return f"GPU-fa4e0000-0000-4000-8000-{index:012d}"
-
-
 def nvmlDeviceGetUUID(handle: _Handle) -> str:
     _enter(handle, "nvmlDeviceGetUUID")
+    if handle.mig is not None:
+        return mig_uuid(handle.gpu, handle.mig)
     return gpu_uuid(handle.gpu)
+
+
+def gpu_uuid(gpu: int) -> str:
+    """The UUID the stand-in gives GPU ``gpu``, as NVML spells UUIDs."""
+    return f"GPU-fa4e0000-0000-4000-8000-{gpu:012d}"
+
+
+def mig_uuid(gpu: int, slot: int) -> str:
+    """The UUID the stand-in gives the MIG device in ``slot`` of GPU ``gpu`` (GPU instance id slot + 1)."""
+    return f"MIG-fa4e{gpu:04d}-0000-4000-8000-{slot:012d}"
 
 
 def nvmlDeviceGetName(handle: _Handle) -> str:

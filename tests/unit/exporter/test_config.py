@@ -14,6 +14,9 @@ def test_defaults() -> None:
     assert (config.pcie_throughput, config.processes, config.xid, config.host) == (False, True, True, True)
     assert config.gpus == () and config.processes_max == 16
     assert (config.gpm, config.gpm_window) == (True, 1.0)
+    assert config.kubernetes and config.kubernetes_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert config.kubernetes_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+    assert (config.kubernetes_timeout, config.kubernetes_interval) == (2.0, 10.0)
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
@@ -41,6 +44,21 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
         (["--no-collector.gpm"], {}, "gpm", False),
         (["--collector.gpm.window", "250ms"], {}, "gpm_window", 0.25),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_GPM_WINDOW": "100ms"}, "gpm_window", 0.1),
+        (["--no-collector.kubernetes"], {}, "kubernetes", False),
+        (
+            [],
+            {"INFERWATCH_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET": "/k.sock"},
+            "kubernetes_socket",
+            "/k.sock",
+        ),
+        (
+            ["--kubernetes.resources", "nvidia.com/gpu, example.com/vgpu-*"],
+            {},
+            "kubernetes_resources",
+            ("nvidia.com/gpu", "example.com/vgpu-*"),
+        ),
+        (["--kubernetes.timeout=500ms"], {}, "kubernetes_timeout", 0.5),
+        ([], {"INFERWATCH_EXPORTER_KUBERNETES_INTERVAL": "1m"}, "kubernetes_interval", 60),
     ],
 )
 def test_values(argv: list[str], env: dict[str, str], field: str, expected: object) -> None:
@@ -77,6 +95,10 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
             {},
             "--collector.gpm.window: '50ms' is shorter than 100ms, NVML's minimum for GPM",
         ),
+        (["--kubernetes.resources="], {}, "--kubernetes.resources: '' is not a list of resource names"),
+        (["--kubernetes.resources=GPU!"], {}, "--kubernetes.resources: 'GPU!'"),
+        (["--kubernetes.timeout=2m"], {}, "--kubernetes.timeout: '2m' is outside 100ms to 1m"),
+        (["--kubernetes.interval=100ms"], {}, "--kubernetes.interval: '100ms' is outside 1s to 1h"),
     ],
 )
 def test_bad_values_raise_a_usage_error_naming_the_source(
