@@ -16,7 +16,7 @@ from .exposition import Exposition
 from .nvml import load_binding
 from .poller import Poller
 from .server import ExporterServer
-from .webconfig import load_web_config
+from .webconfig import check_reload, load_web_config
 
 log = logging.getLogger("inferwatch.exporter")
 
@@ -120,17 +120,21 @@ async def _serve(config: ExporterConfig, poller: Poller, server: ExporterServer)
 
 
 async def _reload(config: ExporterConfig, server: ExporterServer) -> None:
-    """SIGHUP: read the web config file again; a file that does not load leaves the previous one in use."""
+    """SIGHUP: read the web config file again; a file that does not load, or that would turn TLS or auth
+    off, leaves the previous one in use (and ``..._last_reload_successful`` 0)."""
     if not config.web_config_file:
         log.info("SIGHUP: no --web.config.file to reload")
         return
     try:
         # Off the loop: loading checks every bcrypt hash, tens of milliseconds each.
         web = await asyncio.get_running_loop().run_in_executor(None, load_web_config, config.web_config_file)
+        check_reload(server.web, web, config.web_config_file)
     except ConfigError as exc:
         log.error("SIGHUP: %s; keeping the previous web configuration", exc)
+        server.exposition.reloads.record(ok=False)
         return
     await server.apply_web_config(web)
+    server.exposition.reloads.record(ok=True)
     log.info("SIGHUP: web configuration reloaded from %s", config.web_config_file)
 
 

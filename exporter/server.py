@@ -91,7 +91,10 @@ class ExporterServer:
         self._bcrypt.shutdown(wait=False, cancel_futures=True)
 
     async def apply_web_config(self, web: WebConfig) -> None:
-        """Serve with ``web`` from now on: its users and headers at once, its TLS for new connections."""
+        """Serve with ``web`` from now on: its users and headers at once, its TLS for new connections;
+        credentials remembered for users whose hash did not change stay remembered."""
+        if web.auth is not None and self.web.auth is not None:
+            web.auth.keep_remembered(self.web.auth)
         self.web = web
         await self._http.replace_ssl_context(web.ssl_context)
 

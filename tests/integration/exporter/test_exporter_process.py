@@ -3,6 +3,7 @@ driven through the stand-in (``tests.unit.exporter.fake_nvml``), concurrency, TL
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -478,6 +479,107 @@ def test_sighup_reloads_the_web_config_and_a_broken_file_keeps_the_last_good_one
     lines = log_path.read_text().splitlines()
     assert any("SIGHUP: web configuration reloaded" in line for line in lines)
     assert not any("Traceback" in line for line in lines)
+
+
+KEPT = "keeping the previous web configuration"
+
+
+def status(url: str, auth: tuple[str, str] | None = None) -> int:
+    """The status of a GET, 0 while nothing listens."""
+    try:
+        return requests.get(url, auth=auth, timeout=5).status_code
+    except requests.RequestException:
+        return 0
+
+
+def test_an_empty_or_weaker_file_on_sighup_keeps_auth_and_says_so_in_a_metric(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    users = f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n"
+    web_config.write_text(users)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    log_path = tmp_path / "exporter.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_console_env(), start_new_session=True
+        )
+    proc = RunningProcess(popen, log_path, url)
+    auth = ("alice", "first")
+    reload_ok = "inferwatch_exporter_web_config_last_reload_successful"
+
+    def scrape() -> str:
+        response = requests.get(url, auth=auth, timeout=5)
+        assert response.status_code == 200
+        return response.text
+
+    try:
+        wait_until(lambda: status(url) == 401, 60, lambda: proc.log_tail())
+        assert sample_value(scrape(), reload_ok) == 1
+        for refused, text in enumerate(
+            ["", "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"], 1
+        ):
+            web_config.write_text(text)
+            popen.send_signal(signal.SIGHUP)
+            wait_until(lambda n=refused: proc.log_tail().count(KEPT) == n, 10, "the refusal")
+            assert status(url) == 401
+            assert sample_value(scrape(), reload_ok) == 0
+        web_config.write_text(users)
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: sample_value(scrape(), reload_ok) == 1, 10, "a good reload")
+        assert proc.stop() == 0
+    finally:
+        proc.stop()
+    text = log_path.read_text()
+    assert "the file is empty" in text and "turns basic auth off" in text
+    assert "Traceback" not in text
+
+
+def test_30_reloads_under_50_tls_scrapers_answer_every_scrape(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
+        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
+    )
+    port = free_port()
+    url = f"https://localhost:{port}"
+    auth = ("prometheus", "s3cret")
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    token = base64.b64encode(b"prometheus:s3cret").decode()
+    target = Target(
+        "127.0.0.1",
+        port,
+        tls=ssl.create_default_context(cafile=str(cert)),
+        headers=(("Authorization", f"Basic {token}"),),
+    )
+    with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path) as proc:
+        with Load(target, scrapers=50, period=0.2) as load:
+            load.wait_for(100)
+            for _ in range(30):
+                proc.popen.send_signal(signal.SIGHUP)
+                time.sleep(0.2)
+            wait_until(lambda: proc.log_tail(200).count("web configuration reloaded") >= 1, 10, "reloads")
+            time.sleep(1)  # scrapes after the last reload too
+        assert proc.stop() == 0
+    # Every reload kept what bcrypt had said of the unchanged user: no scrape was answered 503.
+    assert load.latencies.errors == [], sorted(set(load.latencies.errors))
+    assert len(load.latencies.seconds) > 500
+
+
+def test_an_empty_web_config_file_at_start_up_exits_2(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("")
+    done = subprocess.run(
+        ["inferwatch-exporter", f"--web.config.file={web_config}"],
+        capture_output=True,
+        text=True,
+        env=_console_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"inferwatch-exporter: --web.config.file {web_config}: the file is empty")
 
 
 def test_sighup_without_a_web_config_changes_nothing(tmp_path: Path) -> None:
