@@ -26,7 +26,13 @@ from inferwatch.exporter.config import OPTIONS
 
 from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
-from tests.support.services import RunningProcess, start_exporter, start_process, wait_until
+from tests.support.services import (
+    RunningProcess,
+    start_exporter,
+    start_process,
+    start_prometheus,
+    wait_until,
+)
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.integration
@@ -258,35 +264,81 @@ def test_nvml_faults_leave_the_rest_served(tmp_path: Path) -> None:
         assert gpu_value(text, "gpu_xid_last_timestamp_seconds", 0, xid="79") > time.time() - 30
 
 
-def test_counters_never_decrease_across_a_driver_reset(tmp_path: Path) -> None:
-    counters = (
-        ("gpu_energy_joules_total", {}),
-        ("gpu_clocks_event_seconds_total", {"reason": "sw_power_cap"}),
-    )
-    history: list[tuple[float | None, ...]] = []
-    with fake_exporter(tmp_path, {"gpus": 2}) as exporter:
-        for scrape in range(30):
-            if scrape == 10:
-                exporter.fault("driver_reset")
-            text = exporter.scrape()
-            history.append(tuple(gpu_value(text, name, 0, **labels) for name, labels in counters))
-            time.sleep(0.1)
-    # The GPUs' own calls saw the reset (not only the XID thread), and NVML was reopened.
-    reset_seen = [
-        s
-        for s in parse_samples(text)
-        if s.name == "inferwatch_exporter_nvml_errors_total"
-        and s.labels["error"] == "uninitialized"
-        and s.labels["call"].startswith("nvmlDevice")
-    ]
-    assert reset_seen, text
-    assert gpu_value(text, "gpu_up", 0) == 1
-    # While the GPUs were down the series were absent; every value served never went down.
-    served = [h for h in history if None not in h]
-    assert len(served) >= 20, history
-    for before, after in itertools.pairwise(served):
-        assert all(a >= b for a, b in zip(after, before, strict=True)), history
-    assert served[-1][0] > served[9][0]  # and the energy went on counting after the reset
+# The stand-in's steady rates (tests.unit.exporter.fake_nvml): 350 W, and sw_power_cap held 10 % of the time.
+FAKE_WATTS, FAKE_THROTTLED = 350.0, 0.1
+COUNTED = {
+    "gpu_energy_joules_total": FAKE_WATTS,
+    'gpu_clocks_event_seconds_total{reason="sw_power_cap"}': FAKE_THROTTLED,
+}
+
+
+def increase_without_extrapolation(prometheus: Any, selector: str, seconds: float) -> tuple[float, int]:
+    """Prometheus' ``increase()`` of ``selector`` (one series) over its samples of the last ``seconds``,
+    before extrapolation to the window's edges: the sum of rises, a drop taken as a reset from zero (as
+    Prometheus takes it); and the number of resets Prometheus saw there."""
+    [series] = prometheus.query(f"{selector}[{int(seconds)}s]")
+    values = [float(v) for _, v in series["values"]]
+    total = sum(b - a if b >= a else b for a, b in itertools.pairwise(values))
+    [resets] = prometheus.query(f"resets({selector}[{int(seconds)}s])")
+    return total, int(float(resets["value"][1]))
+
+
+@pytest.mark.parametrize("order", ["reset_then_restart", "restart_then_reset"])
+def test_increase_counts_what_happened_across_a_driver_reset_and_an_exporter_restart(
+    tmp_path: Path, order: str
+) -> None:
+    # A driver loaded ten minutes ago: the counts from before the exporter started are large, so that
+    # counting them again (what an offset kept in memory made a restart do) cannot pass for noise.
+    scenario = {"gpus": 1, "driver_loaded_at": time.time() - 600}
+    port = free_port()
+    control = tmp_path / "nvml-control.jsonl"
+    env = {
+        "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
+        "FAKE_NVML_SCENARIO": json.dumps(scenario),
+        "FAKE_NVML_CONTROL": str(control),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    ecc = 'gpu_ecc_errors_total{type="corrected", scope="%s"}'
+
+    def run_exporter(work: str) -> Any:
+        return start_exporter(port, extra_args=FAST, env=env, workdir=tmp_path / work, timeout=60)
+
+    def fault(op: str, **args: Any) -> None:
+        with control.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"op": op, **args}) + "\n")
+
+    def driver_reset() -> None:
+        fault("ecc", count=3)
+        time.sleep(2)  # scraped before the reset clears the volatile count
+        fault("driver_reset", at=time.time())
+        fault("ecc", count=2)
+
+    with start_prometheus({"exporter": [f"127.0.0.1:{port}"]}, workdir=tmp_path / "prometheus") as prom:
+        with run_exporter("first"):
+            first = prom.wait_for_history("gpu_energy_joules_total", 3)
+            if order == "reset_then_restart":
+                driver_reset()
+                time.sleep(3)
+        with run_exporter("second"):
+            if order == "restart_then_reset":
+                time.sleep(3)
+                driver_reset()
+            prom.wait_for_history("gpu_energy_joules_total", 3)
+            time.sleep(3)
+            last = float(prom.query("timestamp(gpu_energy_joules_total)")[0]["value"][1])
+        window = time.time() - first + 10
+        [oldest] = prom.query(f"min_over_time(timestamp(gpu_energy_joules_total)[{int(window)}s:1s])")
+        span = last - float(oldest["value"][1])
+        for selector, rate in COUNTED.items():
+            counted, resets = increase_without_extrapolation(prom, selector, window)
+            happened = rate * span
+            assert resets == 1, (selector, resets)  # the driver's reset; the exporter's restart is none
+            # At most what happened; less by what the driver counted between its last scrape before the
+            # reset and the reset (a scrape interval, plus the poll that noticed it).
+            assert happened * 0.75 <= counted <= happened * 1.02, (selector, counted, happened, span)
+        for scope in ("volatile", "aggregate"):
+            counted, _ = increase_without_extrapolation(prom, ecc % scope, window)
+            assert counted == 5, (scope, counted)
 
 
 def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path: Path) -> None:
