@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -22,6 +24,9 @@ log = logging.getLogger("inferwatch.exporter")
 
 # SIGTERM and SIGINT stop the exporter; SIGHUP reloads the web config file.
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+# mallopt(3)'s M_MMAP_THRESHOLD, and the value: blocks of 64 KiB and more are mapped, and unmapped when freed.
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 64 * 1024
 
 
 def version() -> str:
@@ -47,8 +52,22 @@ def load_nvml(config: ExporterConfig) -> ModuleType | None:
         return None
 
 
+def return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the kernel for the life of the process.
+
+    glibc serves a block over its mmap threshold from a mapping of its own, unmapped when freed, but
+    raises the threshold at every such free (up to 32 MiB): after a flood of connections their buffers
+    (asyncio's 256 KiB TLS buffer, answers being written) come from the heap, and the flood's peak stays
+    resident. Setting the threshold fixes it (docs/benchmarks.md, "Hostile clients"). The exporter's
+    process is its own; the instrumentation endpoint, inside a model server, leaves malloc alone.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the exporter until SIGTERM or SIGINT (exit 0); 2 on bad configuration."""
+    return_freed_memory()
     # Until the loop handles them, the stop signals wait (pending) instead of killing the process, and
     # every thread started meanwhile keeps them blocked, so they reach the main thread.
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
