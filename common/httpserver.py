@@ -55,6 +55,7 @@ import struct
 import termios
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -143,6 +144,20 @@ class _Settings:
     stopping: bool = False
     #: TLS connections whose handshake is under way, oldest first (a dict as an ordered set).
     handshaking: dict[_Protocol, None] = field(default_factory=dict)
+    #: Pipelined requests waiting for their turn: one starts per loop iteration (:meth:`take_turn`).
+    turns: deque[_Protocol] = field(default_factory=deque)
+
+    def take_turn(self) -> None:
+        """Start the request of the next connection in :attr:`turns`, and call again at the next loop
+        iteration while any wait. Every request that did not queue behind another on its connection (a
+        scrape) is taken up within the iteration it arrived in, so a few clients pipelining flat out
+        delay it by one answer, not by one answer each."""
+        while self.turns:
+            connection = self.turns.popleft()
+            if connection.start_turn():
+                break
+        if self.turns:
+            asyncio.get_running_loop().call_soon(self.take_turn)
 
 
 class _Flow(FlowControl):
@@ -175,6 +190,7 @@ class _Protocol(HttpToolsProtocol):
         self._head_bytes: int | None = None  # bytes of a request head being received, None between heads
         self._pending = bytearray()  # received, not yet parsed
         self._handshake_task: asyncio.Task[None] | None = None
+        self._turn: tuple[Any, Any] | None = None  # a pipelined request's cycle and app, waiting its turn
         self.since = time.monotonic()  # when it opened or last finished an answer: its claim to stay
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -204,6 +220,8 @@ class _Protocol(HttpToolsProtocol):
     async def _handshake(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
         # TLS here rather than in the listener, so that a connection counts (and can be made to give way)
         # from its first moment, not only once a client has finished its handshake.
+        if transport.is_closing():  # cut to make room before this task ran
+            return
         try:
             tls = await self.loop.start_tls(
                 transport, self, context, server_side=True, ssl_handshake_timeout=self._limits.request_timeout
@@ -245,6 +263,10 @@ class _Protocol(HttpToolsProtocol):
 
     def abort(self) -> None:
         """Cut the connection at once, its buffers (the kernel's too) freed."""
+        # Out of the counts now, not when the loop gets to connection_lost: the next newcomer in this
+        # loop iteration must find another connection to cut.
+        self.connections.discard(self)
+        self._settings.handshaking.pop(self, None)
         if self._raw is not None:
             _reset(self._raw)
 
@@ -278,7 +300,7 @@ class _Protocol(HttpToolsProtocol):
     def _waiting(self) -> bool:
         """Whether parsing waits: a request is queued behind the one being answered, or uvicorn holds
         reading back (a body the app has not taken)."""
-        return bool(self.pipeline) or self.flow.read_paused
+        return bool(self.pipeline) or self._turn is not None or self.flow.read_paused
 
     def _unset_keepalive_if_required(self) -> None:
         # uvicorn ends the idle spell at any byte (a lone CRLF, a head's first byte) and arms nothing in
@@ -321,19 +343,41 @@ class _Protocol(HttpToolsProtocol):
         self._drain_deadline = None
         if self._unsent():
             self._drain_deadline = self.loop.call_later(self._limits.request_timeout, self._not_drained)
-        super().on_response_complete()
+        # The next pipelined request waits for its turn (_Settings.take_turn) instead of starting now.
+        self._turn = self.pipeline.pop() if self.pipeline else None
+        if self._turn is not None:
+            turns = self._settings.turns
+            turns.append(self)
+            if len(turns) == 1:
+                self.loop.call_soon(self._settings.take_turn)
+        queued, self.pipeline = self.pipeline, deque()
+        super().on_response_complete()  # with no pipeline to start from: uvicorn would start the next now
+        self.pipeline = queued
+        if self._turn is not None:
+            self._cancel_idle()  # uvicorn saw no pipelined request and armed it
         # A pipelined request, queued, being answered or partly received, runs on a deadline of its own.
-        pending = self.pipeline or self._head_bytes is not None or self._pending
+        pending = self._turn or self.pipeline or self._head_bytes is not None or self._pending
         if pending and not self.transport.is_closing():
             self._request_deadline = self.loop.call_later(self._limits.request_timeout, self._too_slow)
         self.loop.call_soon(self.feed)
 
+    def start_turn(self) -> bool:
+        """Start the pipelined request that waits for its turn; False if there is none any more."""
+        turn, self._turn = self._turn, None
+        if turn is None or self.transport.is_closing():
+            return False
+        self._start_asgi_task(*turn)
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._turn = None
         self._cancel_request_deadline()
         if self._drain_deadline is not None:
             self._drain_deadline.cancel()
         self._pending.clear()
-        super().connection_lost(exc)
+        self._settings.handshaking.pop(self, None)
+        if self.transport is not None:  # else cut before its TLS handshake began: uvicorn never saw it
+            super().connection_lost(exc)
 
     def timeout_keep_alive_handler(self) -> None:
         self.abort()  # close() would wait for unsent bytes forever if the client does not read
@@ -594,9 +638,10 @@ class CpuBudget:
     The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every look drains it by the
     CPU time ``clock`` counted since the previous look. By default ``clock`` is ``time.thread_time``: the
     CPU of the thread that uses the budget (request parsing, rendering, everything its loop did); a
-    caller may count something narrower instead, such as the CPU its renderings took. :meth:`acquire`
-    waits while the bucket is empty, one waiter at a time, so a client scraping in a loop is slowed down
-    instead of taking a core from the serving process.
+    caller may count something narrower instead, such as the CPU its answers or renderings took.
+    :meth:`acquire` waits while the bucket is empty, one waiter at a time, so a client scraping in a loop
+    is slowed down instead of taking a core from the serving process; an ``urgent`` caller (a client that
+    has been quiet) does not queue behind those, and may take the bucket into debt down to ``-burst``.
     """
 
     def __init__(self, share: float, burst: float, clock: Callable[[], float] = time.thread_time) -> None:
@@ -612,11 +657,19 @@ class CpuBudget:
 
     def available(self) -> bool:
         """Whether the bucket is not empty now."""
-        self._refill()
-        return self._tokens > 0
+        return self._refilled() > 0
 
-    async def acquire(self) -> None:
-        """Return when the bucket is not empty; wait (without using CPU) while it is."""
+    def _refilled(self) -> float:
+        self._refill()
+        return self._tokens
+
+    async def acquire(self, urgent: bool = False) -> None:
+        """Return when the bucket is not empty; wait (without using CPU) while it is. ``urgent``: return
+        while the bucket is above ``-burst``, whoever waits."""
+        if urgent:
+            while self._refilled() <= -self.burst:
+                await asyncio.sleep(self.burst / 10 / self.share)
+            return
         if self.available() and (self._lock is None or not self._lock.locked()):
             return
         if self._lock is None:

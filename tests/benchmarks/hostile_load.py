@@ -132,30 +132,45 @@ async def hold(target: Target, payload: bytes, until: float, read: bool, closed:
         writer.transport.abort()
 
 
+def probe_main(port: int, seconds: float, cafile: str) -> None:
+    """The probe, in a process of its own: the attack's client loop must not delay it."""
+    tls = ssl.create_default_context(cafile=cafile) if cafile else None
+    out = Latencies()
+    time.sleep(2.0)  # from when the attack's connections are open: its steady state, not its arrival
+    load.run(
+        lambda: load.fresh_scraper(Target("127.0.0.1", port, tls=tls), time.monotonic() + seconds, 0.2, out)
+    )
+    print(json.dumps(out.summary()))
+
+
 async def attack(
-    pid: int, probe_target: Target, seconds: float, jobs: Callable[[float], list[Awaitable[Any]]]
+    pid: int,
+    probe_target: Target,
+    seconds: float,
+    jobs: Callable[[float], list[Awaitable[Any]]],
+    cafile: str = "",
 ) -> dict[str, Any]:
     """The attack's jobs beside the probe for ``seconds``; then the RSS 5 s after they are gone."""
-    watch, probe = ServerWatch(pid), Latencies()
+    watch = ServerWatch(pid)
     until = time.monotonic() + seconds
-    await asyncio.gather(
-        watch.run(until),
-        # From when the attack's connections are open: the attack's steady state, not its arrival.
-        _after(2.0, load.fresh_scraper(probe_target, until, 0.2, probe)),
-        *jobs(until),
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "probe",
+        str(probe_target.port),
+        str(seconds - 2),
+        cafile,
+        stdout=asyncio.subprocess.PIPE,
     )
+    await asyncio.gather(watch.run(until), probe.wait(), *jobs(until))
+    probed = json.loads((await probe.stdout.read()).decode())  # type: ignore[union-attr]
     await asyncio.sleep(5)
     return {
-        "probe": probe.summary(),
+        "probe": probed,
         **watch.summary(),
         "rss_after_mb": round(watch.rss(), 1),
         "open_connections_after": watch.open_connections(),
     }
-
-
-async def _after(delay: float, job: Awaitable[Any]) -> Any:
-    await asyncio.sleep(delay)
-    return await job
 
 
 def closed_summary(closed: list[float], count: int) -> dict[str, Any]:
@@ -194,7 +209,11 @@ def half_open_tls(seconds: float, workdir: Path) -> dict[str, Any]:
         probe = Target("127.0.0.1", port, tls=ssl.create_default_context(cafile=str(cert)))
         result = load.run(
             lambda: attack(
-                popen.pid, probe, seconds, lambda u: [hold(plain, b"", u, True, closed) for _ in range(1000)]
+                popen.pid,
+                probe,
+                seconds,
+                lambda u: [hold(plain, b"", u, True, closed) for _ in range(1000)],
+                str(cert),
             )
         )
     return {**result, "half_open": closed_summary(closed, 1000)}
@@ -243,6 +262,9 @@ SCENARIOS = ("slow_body", "half_open_tls", "pipelined50", "burst5mb", "unread200
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["probe"]:
+        probe_main(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds each attack lasts (default 20)")

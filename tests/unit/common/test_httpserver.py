@@ -333,6 +333,31 @@ def test_the_cpu_budget_waits_out_what_was_used_beyond_the_share() -> None:
     assert 0.05 < waited < 1.0
 
 
+def test_an_urgent_caller_skips_the_queue_and_may_borrow_one_burst() -> None:
+    used = [0.0]  # CPU seconds charged to the budget, by hand: no wall-clock race
+
+    async def scenario() -> list[str]:
+        budget = CpuBudget(share=0.01, burst=0.1, clock=lambda: used[0])
+        assert budget.available()  # the first look: what the clock says from here on is spent
+        order: list[str] = []
+        used[0] = 0.15  # a greedy client spent the burst and half a burst more
+
+        async def greedy() -> None:
+            await budget.acquire()
+            order.append("greedy")
+
+        waiting = asyncio.ensure_future(greedy())
+        await asyncio.sleep(0.01)
+        await budget.acquire(urgent=True)  # 0.05 in debt: within one burst
+        order.append("urgent")
+        used[0] = 0.25  # now 0.15 in debt: an urgent caller waits too
+        assert budget._refilled() < -budget.burst
+        waiting.cancel()
+        return order
+
+    assert asyncio.run(scenario()) == ["urgent"]
+
+
 def test_a_taken_port_is_an_os_error_in_the_callers_thread() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
