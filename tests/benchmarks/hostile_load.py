@@ -11,7 +11,7 @@ fresh ``inferwatch-exporter`` (NVML stand-in, 8 GPUs, 1 s polls):
   with 30 SIGHUPs (the first half is the unloaded figure the second is compared with).
 
 Beside each, a probe scrapes on a new connection 5 times a second (the figure that must stay under
-50 ms); the exporter's RSS is read before, at the peak, and 5 s after the attack's connections are gone,
+50 ms); the exporter's RSS is read before, at the peak, and 11 s after the attack's connections are gone,
 and its open connections (``/proc``) once a second, so that the time the server took to close the
 hostile ones shows. Run from the repository root::
 
@@ -49,6 +49,8 @@ from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate  # no
 
 FAKE_NVML = "tests.unit.exporter.fake_nvml"
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+#: Seconds after an attack's connections are gone that its RSS is read: two of the exporter's heap trims.
+AFTER = 11.0
 
 
 @contextmanager
@@ -150,7 +152,7 @@ async def attack(
     jobs: Callable[[float], list[Awaitable[Any]]],
     cafile: str = "",
 ) -> dict[str, Any]:
-    """The attack's jobs beside the probe for ``seconds``; then the RSS 5 s after they are gone."""
+    """The attack's jobs beside the probe for ``seconds``; then the RSS :data:`AFTER` s after."""
     watch = ServerWatch(pid)
     until = time.monotonic() + seconds
     probe = await asyncio.create_subprocess_exec(
@@ -164,7 +166,7 @@ async def attack(
     )
     await asyncio.gather(watch.run(until), probe.wait(), *jobs(until))
     probed = json.loads((await probe.stdout.read()).decode())  # type: ignore[union-attr]
-    await asyncio.sleep(5)
+    await asyncio.sleep(AFTER)
     return {
         "probe": probed,
         **watch.summary(),
