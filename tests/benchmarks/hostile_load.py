@@ -44,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 from tests.support import free_port  # noqa: E402
 from tests.support import httpload as load  # noqa: E402
-from tests.support.httpload import Latencies, Target, wait_listening  # noqa: E402
+from tests.support.httpload import Latencies, Target, exporter_listening  # noqa: E402
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate  # noqa: E402
 
 FAKE_NVML = "tests.unit.exporter.fake_nvml"
@@ -63,16 +63,8 @@ def exporter(*extra: str) -> Iterator[tuple[int, subprocess.Popen]]:
         "FAKE_NVML_SCENARIO": json.dumps({"gpus": 8}),
     }
     cmd = [sys.executable, "-m", "inferwatch.exporter", f"--web.listen-address=127.0.0.1:{port}", *extra]
-    with tempfile.TemporaryFile() as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            wait_listening(port, popen, log)
-            time.sleep(2.5)  # two collections: every GPU read
-            yield port, popen
-        finally:
-            if popen.poll() is None:
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
+    with exporter_listening(port, cmd, env) as popen:
+        yield port, popen
 
 
 class ServerWatch:

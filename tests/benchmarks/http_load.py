@@ -63,6 +63,7 @@ from tests.support.httpload import (  # noqa: E402
     Load,
     ProcessWatch,
     Target,
+    exporter_listening,
     wait_listening,
 )
 
@@ -93,16 +94,8 @@ def exporter(source: Path | None, *extra: str) -> Iterator[tuple[int, subprocess
         }
     cmd = [sys.executable, "-m", "inferwatch.exporter", f"--web.listen-address=127.0.0.1:{port}"]
     cmd += ["--collector.interval=1s", *extra]
-    with tempfile.TemporaryFile() as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            wait_listening(port, popen, log)
-            time.sleep(2.5)  # two collections: every GPU read
-            yield port, popen
-        finally:
-            if popen.poll() is None:
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
+    with exporter_listening(port, cmd, env) as popen:
+        yield port, popen
 
 
 class GpuWatch:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import ssl
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,6 +322,22 @@ def wait_listening(port: int, process: subprocess.Popen, log: Any, timeout: floa
                 output = log.read().decode(errors="replace")
                 raise SystemExit(f"{process.args} did not start:\n{output}") from None
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def exporter_listening(port: int, cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen]:
+    """``cmd``, an exporter listening on ``port``, in a process session of its own: yielded once it
+    listens and two collections have read every GPU; killed with its children at the end."""
+    with tempfile.TemporaryFile() as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            wait_listening(port, popen, log)
+            time.sleep(2.5)  # two collections at the benchmarks' 1 s interval
+            yield popen
+        finally:
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
 
 
 def raise_fd_limit(wanted: int) -> None:

@@ -215,19 +215,30 @@ def test_a_bcrypt_hash_with_an_invalid_salt_exits_2_with_one_line(tmp_path: Path
     ]
 
 
-def test_a_node_exporter_web_config_is_served_with_warnings_for_what_is_ignored(tmp_path: Path) -> None:
+AUTH = ("prometheus", "s3cret")
+
+
+def tls_and_basic_auth(tmp_path: Path, more: str = "") -> tuple[Path, int, list[str]]:
+    """A web config serving TLS with a self-signed certificate (and ``more`` YAML lines) and basic auth
+    for :data:`AUTH`: (the certificate, a free port, the exporter command serving it on that port)."""
     cert, key = self_signed_certificate(tmp_path)
     web_config = tmp_path / "web.yml"
     web_config.write_text(
-        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
-        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n  curve_preferences: [CurveP256]\n"
-        "http_server_config:\n  http2: true\n  headers:\n    X-Content-Type-Options: nosniff\n"
-        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
+        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n{more}"
+        f"basic_auth_users:\n  {AUTH[0]}: '{bcrypt_hash(AUTH[1])}'\n"
     )
     port = free_port()
-    url = f"https://localhost:{port}"
-    auth = ("prometheus", "s3cret")
     cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    return cert, port, cmd
+
+
+def test_a_node_exporter_web_config_is_served_with_warnings_for_what_is_ignored(tmp_path: Path) -> None:
+    cert, port, cmd = tls_and_basic_auth(
+        tmp_path,
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n  curve_preferences: [CurveP256]\n"
+        "http_server_config:\n  http2: true\n  headers:\n    X-Content-Type-Options: nosniff\n",
+    )
+    url, auth = f"https://localhost:{port}", AUTH
     with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path) as proc:
         response = requests.get(url + "/metrics", auth=auth, verify=str(cert), timeout=10)
         assert response.status_code == 200 and response.headers["X-Content-Type-Options"] == "nosniff"
@@ -452,16 +463,8 @@ def test_200_scrapes_from_20_concurrent_clients(tmp_path: Path) -> None:
 
 
 def test_tls_and_basic_auth_with_a_real_client(tmp_path: Path) -> None:
-    cert, key = self_signed_certificate(tmp_path)
-    web_config = tmp_path / "web.yml"
-    web_config.write_text(
-        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
-        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
-    )
-    port = free_port()
-    url = f"https://localhost:{port}"
-    auth = ("prometheus", "s3cret")
-    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    cert, port, cmd = tls_and_basic_auth(tmp_path)
+    url, auth = f"https://localhost:{port}", AUTH
     with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path):
         response = requests.get(url + "/metrics", auth=auth, verify=str(cert), timeout=10)
         assert response.status_code == 200
@@ -643,16 +646,8 @@ def test_an_empty_or_weaker_file_on_sighup_keeps_auth_and_says_so_in_a_metric(tm
 
 
 def test_30_reloads_under_50_tls_scrapers_answer_every_scrape(tmp_path: Path) -> None:
-    cert, key = self_signed_certificate(tmp_path)
-    web_config = tmp_path / "web.yml"
-    web_config.write_text(
-        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
-        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
-    )
-    port = free_port()
-    url = f"https://localhost:{port}"
-    auth = ("prometheus", "s3cret")
-    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    cert, port, cmd = tls_and_basic_auth(tmp_path)
+    url, auth = f"https://localhost:{port}", AUTH
     token = base64.b64encode(b"prometheus:s3cret").decode()
     target = Target(
         "127.0.0.1",
