@@ -52,6 +52,7 @@ from inferwatch.common.httpserver import (
 )
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
+from inferwatch.instrumentation.profiling_http import DebugApp, with_debug_routes
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -437,7 +438,8 @@ def start_http_server(
                 exc.errno, f"cannot serve metrics on {addr}:{port}: the address is already in use"
             ) from exc
         raise ListenError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
-    app = _EndpointApp(registry)
+    # Paths under /debug/ are the on-demand profiles' (docs/profiling.md), refused unless enabled.
+    app = with_debug_routes(_EndpointApp(registry), DebugApp(multiprocess=multiprocess_dir() is not None))
     thread = ServerThread(HttpServer(app, sock, log), name="inferwatch-http")
     thread.start()
     return MetricsServer(address=addr, port=thread.server.port, _thread=thread)

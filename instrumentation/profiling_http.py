@@ -1,0 +1,131 @@
+"""The metrics endpoint's ``/debug/`` routes: on-demand profiles of the serving process (:mod:`.profiling`).
+
+``start_http_server`` sends every path under ``/debug/`` here; everything else stays the exposition's.
+
+* ``POST /debug/profile?steps=N&seconds=T``: arm a capture of the next ``N`` forward steps, for at most
+  ``T`` seconds; ``202`` and the capture's state as JSON. ``403`` when profiling is off in this process,
+  ``409`` while another capture is under way (refused, never queued), ``400`` beyond the configured
+  bounds, ``501`` in multiprocess mode (the endpoint's process is not the workers').
+* ``GET /debug/profile[?id=ID]``: the state of the latest capture (or of ``ID``).
+* ``GET /debug/profile/trace?id=ID``: the compressed Chrome trace of a finished capture.
+
+Only this module's answers are JSON; no request names a file: a trace is found by the capture's id, which
+the process made. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from inferwatch.common.httpserver import Receive, Scope, Send, respond
+
+from .profiling import CAPTURES, CaptureRefused, ProfileConfig
+
+PREFIX = "/debug/"
+#: What ``POST /debug/profile`` captures when the request does not say.
+DEFAULT_STEPS = 20
+DEFAULT_SECONDS = 10.0
+
+App = Callable[[Scope, Receive, Send], Any]
+
+
+def _json(status: int, document: Any) -> tuple[int, bytes, list[tuple[str, str]]]:
+    body = json.dumps(document, indent=1).encode() + b"\n"
+    return status, body, [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+
+
+def _error(status: int, message: str) -> tuple[int, bytes, list[tuple[str, str]]]:
+    return _json(status, {"error": message})
+
+
+class DebugApp:
+    """The ``/debug/`` routes, with the process's :class:`ProfileConfig` (read once, from the environment
+    unless given)."""
+
+    def __init__(self, config: ProfileConfig | None = None, multiprocess: bool = False) -> None:
+        self.config = config if config is not None else ProfileConfig.from_env()
+        self.multiprocess = multiprocess
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status, body, headers = await self.answer(scope)
+        await respond(send, status, headers, body, head=scope["method"] == "HEAD")
+
+    async def answer(self, scope: Scope) -> tuple[int, bytes, list[tuple[str, str]]]:
+        path, method = scope["path"], scope["method"]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if path == "/debug/profile":
+            if method == "POST":
+                return self._start(query)
+            if method in ("GET", "HEAD"):
+                return self._state(query)
+            return _error(405, "GET or POST")
+        if path == "/debug/profile/trace" and method in ("GET", "HEAD"):
+            return await self._trace(query)
+        return _error(404, f"no such path: {path}")
+
+    def _refusal(self) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        if not self.config.enabled:
+            return _error(403, "profiling is off in this process: start it with INFERWATCH_PROFILE=1")
+        if self.multiprocess:
+            return _error(501, "profiling a multiprocess server is not supported: its models run in workers")
+        return None
+
+    def _start(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        try:
+            steps = int(query.get("steps", [DEFAULT_STEPS])[0])
+            seconds = float(query.get("seconds", [DEFAULT_SECONDS])[0])
+        except ValueError:
+            return _error(400, "steps must be an integer and seconds a number")
+        if not math.isfinite(seconds):
+            return _error(400, "seconds must be finite")
+        try:
+            capture = CAPTURES.request(self.config, steps, seconds, "http")
+        except CaptureRefused as exc:
+            return _error(exc.status, str(exc))
+        return _json(202, capture.to_dict())
+
+    def _state(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        capture = CAPTURES.get(query.get("id", [None])[0])
+        if capture is None:
+            return _error(404, "no such capture")
+        return _json(200, capture.to_dict())
+
+    async def _trace(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        capture_id = query.get("id", [None])[0]
+        capture = CAPTURES.get(capture_id) if capture_id else None
+        if capture is None or capture.state != "done" or capture.trace_path is None:
+            return _error(404, "no finished capture with that id")
+        try:
+            body = await asyncio.get_running_loop().run_in_executor(None, capture.trace_path.read_bytes)
+        except OSError as exc:
+            return _error(410, f"the trace is gone: {exc.strerror or exc}")
+        disposition = f'attachment; filename="{capture.trace_path.name}"'
+        return 200, body, [("Content-Type", "application/gzip"), ("Content-Disposition", disposition)]
+
+
+def with_debug_routes(app: App, debug: DebugApp | None = None) -> App:
+    """``app`` with the paths under :data:`PREFIX` answered by ``debug`` (default: a :class:`DebugApp`
+    configured from the environment)."""
+    debug = debug if debug is not None else DebugApp()
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
+            await debug(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return dispatch
