@@ -163,7 +163,10 @@ class Capture:
     serving_thread_seconds: float = 0.0  # time the capture took from the serving thread at boundaries
     _profiler: Any = None
     _step_range: Any = None
-    done: threading.Event = field(default_factory=threading.Event)
+    #: Set when the serving thread stopped the profiler (or the capture ended before it could).
+    stopped: threading.Event = field(default_factory=threading.Event)
+    #: Set when the capture is done or failed.
+    ended: threading.Event = field(default_factory=threading.Event)
 
     @property
     def finished(self) -> bool:
@@ -245,14 +248,14 @@ class Captures:
             capture.armed_at = time.monotonic()
             capture.state = "armed"
             self.armed = True
-            if not capture.done.wait(capture.seconds) and capture.state == "armed":
+            if not capture.stopped.wait(capture.seconds) and capture.state == "armed":
                 # No forward step began within the time: nothing was started on a serving thread.
                 with self._lock:
                     if capture.state == "armed":
                         self._finish(capture, "failed", f"no forward step began within {capture.seconds:g}s")
                 _discard_prepared(capture._profiler)
                 return
-            capture.done.wait()  # the serving thread stopped it
+            capture.stopped.wait()  # the serving thread stopped it
             if capture.state == "writing":
                 self._write(capture, config)
         except Exception as exc:
@@ -300,7 +303,8 @@ class Captures:
         capture.state, capture.error = state, error
         if self._current is capture:
             self.armed = False
-        capture.done.set()
+        capture.stopped.set()
+        capture.ended.set()
 
     # -- the serving thread's side (from the forward hooks) -------------------------------------------------
 
@@ -362,7 +366,7 @@ class Captures:
         with self._lock:
             capture.state = "writing"
             self.armed = False
-            capture.done.set()
+            capture.stopped.set()
 
     def _abandon(self, capture: Capture, error: str) -> None:
         """A failure on the serving thread: stop whatever was started there, record the failure."""

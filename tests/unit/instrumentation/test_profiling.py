@@ -3,9 +3,11 @@ hooks on the thread that generates, bounded, one at a time, and gone without a t
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
+import ssl
 import threading
 import time
 import urllib.request
@@ -19,6 +21,7 @@ from inferwatch.instrumentation.exposition import start_http_server
 from inferwatch.instrumentation.profiling import CAPTURES, FILE_PREFIX, ProfileConfig, prune
 
 from tests.support import http_get
+from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 
 def post(url: str) -> tuple[int, dict[str, Any]]:
@@ -153,3 +156,47 @@ def test_configuration_from_the_environment() -> None:
         ProfileConfig.from_env({"INFERWATCH_PROFILE_MAX_SECONDS": "-1"})
     with pytest.raises(ValueError, match="INFERWATCH_PROFILE="):
         ProfileConfig.from_env({"INFERWATCH_PROFILE": "maybe"})
+
+
+def test_the_web_configs_tls_and_basic_auth_cover_the_profile_routes(
+    llama, instrumented, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config: {{cert_file: {cert}, key_file: {key}}}\n"
+        f"basic_auth_users: {{ops: '{bcrypt_hash('secret')}'}}\n"
+    )
+    monkeypatch.setenv("INFERWATCH_WEB_CONFIG_FILE", str(config))
+    monkeypatch.setenv("INFERWATCH_PROFILE", "1")
+    monkeypatch.setenv("INFERWATCH_PROFILE_DIR", str(tmp_path / "profiles"))
+    context = ssl.create_default_context(cafile=str(cert))
+    server = start_http_server(port=0)
+    try:
+        base = server.url.removesuffix("/metrics")
+        assert base.startswith("https://")
+
+        def call(path: str, method: str, password: str | None) -> int:
+            headers = {}
+            if password is not None:
+                headers["Authorization"] = "Basic " + base64.b64encode(f"ops:{password}".encode()).decode()
+            request = urllib.request.Request(base + path, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        assert call("/debug/profile?steps=2", "POST", None) == 401
+        assert call("/debug/profile?steps=2", "POST", "wrong") == 401
+        assert call("/metrics", "GET", None) == 401
+        assert call("/metrics", "GET", "secret") == 200
+        assert not CAPTURES.armed
+        assert call("/debug/profile?steps=2", "POST", "secret") == 202
+        instrumented(llama)
+        while not CAPTURES.armed:
+            time.sleep(0.01)
+        llama.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=4, do_sample=False)
+        assert CAPTURES.get().ended.wait(30) and CAPTURES.get().state == "done"
+    finally:
+        server.close()

@@ -20,7 +20,8 @@ what is already safe (``cipher_suites``, ``prefer_server_cipher_suites``, ``curv
 whose absence would let in a client the file means to keep out, or leave TLS without a certificate
 (``client_allowed_sans``, inline ``cert``/``key``/``client_ca``, the client-auth types Python's TLS
 cannot express), are refused. Any other key is a misspelling and refused too: it must not silently turn
-TLS off. Every refusal is a :class:`.errors.ConfigError`.
+TLS off. Every refusal is a :class:`ConfigError`. Both endpoints take this file: the exporter's
+``--web.config.file`` and the instrumentation endpoint's ``INFERWATCH_WEB_CONFIG_FILE``.
 
 Checking a bcrypt hash costs tens of milliseconds by design, so a credential that passed once is
 remembered (as a SHA-256 of user and password, never the password) and later scrapes skip bcrypt.
@@ -39,8 +40,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +83,10 @@ _BCRYPT_HASH = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 _BCRYPT_MAX_PASSWORD = 72
 
 Credentials = tuple[str, bytes]
+
+
+class ConfigError(ValueError):
+    """A flag, environment variable or web configuration file is unusable; the message names it."""
 
 
 class BasicAuth:
@@ -148,7 +151,7 @@ class WebConfig:
 
 
 def load_web_config(path: str) -> WebConfig:
-    """Read and check the file; raises :class:`.errors.ConfigError` with the reason if unusable. Keys
+    """Read and check the file; raises :class:`ConfigError` with the reason if unusable. Keys
     that are ignored are logged as warnings."""
     if not path:
         return WebConfig()
@@ -205,9 +208,7 @@ def _users(users: Any) -> dict[str, bytes]:
     try:
         import bcrypt
     except ImportError:
-        raise ValueError(
-            "basic_auth_users needs the bcrypt package (pip install 'inferwatch[exporter]')"
-        ) from None
+        raise ValueError("basic_auth_users needs the bcrypt package (pip install bcrypt)") from None
     out = {}
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed):
