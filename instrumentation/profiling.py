@@ -57,6 +57,7 @@ _VARIABLES = {
     "max_seconds": f"{ENV_PREFIX}_MAX_SECONDS",
     "max_trace_bytes": f"{ENV_PREFIX}_MAX_TRACE_BYTES",
     "max_files": f"{ENV_PREFIX}_MAX_FILES",
+    "alert_interval_seconds": f"{ENV_PREFIX}_ALERT_INTERVAL_SECONDS",
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -79,6 +80,9 @@ class ProfileConfig:
     max_trace_bytes: int = 256 * 2**20
     #: Capture files kept in the directory, the newest (``INFERWATCH_PROFILE_MAX_FILES``).
     max_files: int = 10
+    #: One capture per Alertmanager alert group at most this often, in seconds
+    #: (``INFERWATCH_PROFILE_ALERT_INTERVAL_SECONDS``).
+    alert_interval_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -87,9 +91,10 @@ class ProfileConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        value = self.max_seconds
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise ValueError(f"max_seconds: must be a finite number > 0, got {value!r}")
+        for name in ("max_seconds", "alert_interval_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
         if not self.directory:
             raise ValueError("directory: must not be empty")
 
@@ -124,9 +129,11 @@ def _parse(name: str, raw: str) -> Any:
     if name == "directory":
         return raw
     try:
-        return float(raw) if name == "max_seconds" else int(raw)
+        return float(raw) if name.endswith("seconds") else int(raw)
     except ValueError:
-        raise ValueError(f"{raw!r} is not a{'' if name == 'max_seconds' else 'n integer'} number") from None
+        raise ValueError(
+            f"{raw!r} is not a{'' if name.endswith('seconds') else 'n integer'} number"
+        ) from None
 
 
 class CaptureRefused(Exception):
@@ -229,6 +236,11 @@ class Captures:
             target=self._run, args=(capture, config), name="inferwatch-profile", daemon=True
         ).start()
         return capture
+
+    def history(self) -> list[Capture]:
+        """The captures kept, oldest first."""
+        with self._lock:
+            return list(self._history)
 
     def get(self, capture_id: str | None = None) -> Capture | None:
         """The capture with this id (None: the latest), among those kept."""

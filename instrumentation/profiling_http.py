@@ -8,6 +8,12 @@
   bounds, ``501`` in multiprocess mode (the endpoint's process is not the workers').
 * ``GET /debug/profile[?id=ID]``: the state of the latest capture (or of ``ID``).
 * ``GET /debug/profile/trace?id=ID``: the compressed Chrome trace of a finished capture.
+* ``GET /debug/profile/list``: the captures kept (the latest few), oldest first.
+* ``POST /debug/alertmanager[?steps=N&seconds=T]``: an Alertmanager webhook receiver. A ``firing``
+  notification takes one capture, at most one per alert group (the payload's ``groupKey``) every
+  ``INFERWATCH_PROFILE_ALERT_INTERVAL_SECONDS``; ``resolved`` ones and groups inside their interval are
+  answered 200 with what was skipped. While another capture is under way the answer is 503, and the
+  group's interval is not spent: Alertmanager retries the notification, so the group gets its capture.
 
 Only this module's answers are JSON; no request names a file: a trace is found by the capture's id, which
 the process made. Importing this module imports no torch.
@@ -18,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -27,6 +35,10 @@ from inferwatch.common.httpserver import Receive, Scope, Send, respond
 from .profiling import CAPTURES, CaptureRefused, ProfileConfig
 
 PREFIX = "/debug/"
+#: The largest webhook body read (Alertmanager's payload of a large group is tens of kilobytes).
+MAX_BODY_BYTES = 1 << 20
+#: Alert groups whose last capture time is remembered (the least recent are forgotten).
+MAX_GROUPS = 256
 #: What ``POST /debug/profile`` captures when the request does not say.
 DEFAULT_STEPS = 20
 DEFAULT_SECONDS = 10.0
@@ -50,14 +62,19 @@ class DebugApp:
     def __init__(self, config: ProfileConfig | None = None, multiprocess: bool = False) -> None:
         self.config = config if config is not None else ProfileConfig.from_env()
         self.multiprocess = multiprocess
+        self._groups: OrderedDict[str, float] = OrderedDict()  # groupKey -> time.monotonic() of its capture
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        status, body, headers = await self.answer(scope)
+        status, body, headers = await self.answer(scope, receive)
         await respond(send, status, headers, body, head=scope["method"] == "HEAD")
 
-    async def answer(self, scope: Scope) -> tuple[int, bytes, list[tuple[str, str]]]:
+    async def answer(self, scope: Scope, receive: Receive) -> tuple[int, bytes, list[tuple[str, str]]]:
         path, method = scope["path"], scope["method"]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if path == "/debug/alertmanager" and method == "POST":
+            return await self._alert(query, receive)
+        if path == "/debug/profile/list" and method in ("GET", "HEAD"):
+            return self._refusal() or _json(200, [c.to_dict() for c in CAPTURES.history()])
         if path == "/debug/profile":
             if method == "POST":
                 return self._start(query)
@@ -75,7 +92,9 @@ class DebugApp:
             return _error(501, "profiling a multiprocess server is not supported: its models run in workers")
         return None
 
-    def _start(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+    def _start(
+        self, query: dict[str, list[str]], requested_by: str = "http"
+    ) -> tuple[int, bytes, list[tuple[str, str]]]:
         refused = self._refusal()
         if refused is not None:
             return refused
@@ -87,10 +106,38 @@ class DebugApp:
         if not math.isfinite(seconds):
             return _error(400, "seconds must be finite")
         try:
-            capture = CAPTURES.request(self.config, steps, seconds, "http")
+            capture = CAPTURES.request(self.config, steps, seconds, requested_by)
         except CaptureRefused as exc:
             return _error(exc.status, str(exc))
         return _json(202, capture.to_dict())
+
+    async def _alert(
+        self, query: dict[str, list[str]], receive: Receive
+    ) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        body = await _read_body(receive)
+        try:
+            payload = json.loads(body) if body is not None else None
+            group, status = str(payload["groupKey"]), payload["status"]
+        except (ValueError, TypeError, KeyError):
+            return _error(400, f"not an Alertmanager webhook payload (or over {MAX_BODY_BYTES} bytes)")
+        if status != "firing":
+            return _json(200, {"skipped": f"status {status}"})
+        now = time.monotonic()
+        last = self._groups.get(group)
+        if last is not None and now - last < self.config.alert_interval_seconds:
+            return _json(200, {"skipped": f"group captured {now - last:.0f}s ago"})
+        status_code, answer, headers = self._start(query, requested_by=f"alertmanager {group}"[:200])
+        if status_code == 409:
+            return 503, answer, [*headers, ("Retry-After", "5")]  # Alertmanager retries; the group waits
+        if status_code == 202:
+            self._groups[group] = now
+            self._groups.move_to_end(group)
+            while len(self._groups) > MAX_GROUPS:
+                self._groups.popitem(last=False)
+        return status_code, answer, headers
 
     def _state(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
         refused = self._refusal()
@@ -115,6 +162,20 @@ class DebugApp:
             return _error(410, f"the trace is gone: {exc.strerror or exc}")
         disposition = f'attachment; filename="{capture.trace_path.name}"'
         return 200, body, [("Content-Type", "application/gzip"), ("Content-Disposition", disposition)]
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body, or None when it is longer than :data:`MAX_BODY_BYTES`."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def with_debug_routes(app: App, debug: DebugApp | None = None) -> App:
