@@ -38,14 +38,15 @@ from typing import Any
 
 from inferwatch.common.lograte import RateLimit
 
+from .memory_evidence import MEMORY, cuda_ready
+from .profile_files import FILE_PREFIX, prune
+
 log = logging.getLogger(__name__)
 log.addFilter(RateLimit())
 
 ENV_PREFIX = "INFERWATCH_PROFILE"
 #: The ``record_function`` name of each captured step: ``inferwatch.step decode 3``.
 STEP_PREFIX = "inferwatch.step"
-#: Prefix of every file a capture writes: pruning removes only files that carry it.
-FILE_PREFIX = "inferwatch-profile-"
 # Captures whose state is kept for the endpoint's answers (the running one and the last few).
 _KEPT = 8
 # Bytes read and compressed at a time while a trace is compressed.
@@ -58,6 +59,8 @@ _VARIABLES = {
     "max_trace_bytes": f"{ENV_PREFIX}_MAX_TRACE_BYTES",
     "max_files": f"{ENV_PREFIX}_MAX_FILES",
     "alert_interval_seconds": f"{ENV_PREFIX}_ALERT_INTERVAL_SECONDS",
+    "memory_max_entries": f"{ENV_PREFIX}_MEMORY_MAX_ENTRIES",
+    "oom_arm_max_seconds": f"{ENV_PREFIX}_OOM_ARM_MAX_SECONDS",
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -83,15 +86,19 @@ class ProfileConfig:
     #: One capture per Alertmanager alert group at most this often, in seconds
     #: (``INFERWATCH_PROFILE_ALERT_INTERVAL_SECONDS``).
     alert_interval_seconds: float = 600.0
+    #: Allocator events a memory history keeps, the latest (``INFERWATCH_PROFILE_MEMORY_MAX_ENTRIES``).
+    memory_max_entries: int = 100_000
+    #: The longest an "arm for the next OOM" period may be (``INFERWATCH_PROFILE_OOM_ARM_MAX_SECONDS``).
+    oom_arm_max_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"enabled: must be True or False, got {self.enabled!r}")
-        for name in ("max_steps", "max_trace_bytes", "max_files"):
+        for name in ("max_steps", "max_trace_bytes", "max_files", "memory_max_entries"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        for name in ("max_seconds", "alert_interval_seconds"):
+        for name in ("max_seconds", "alert_interval_seconds", "oom_arm_max_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
@@ -153,12 +160,13 @@ class Capture:
     steps: int
     seconds: float
     requested_by: str
+    memory: bool = False  # the allocator's history over the window, and a snapshot at its end
     state: str = "preparing"  # preparing, armed, capturing, writing, done, failed
     error: str | None = None
     thread: int | None = None  # the serving thread that took it
     captured: int = 0  # steps captured
     phases: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
-    stopped_by: str | None = None  # steps, seconds, request ended
+    stopped_by: str | None = None  # steps, seconds
     created: float = field(default_factory=time.time)
     armed_at: float | None = None  # time.monotonic()
     started_at: float | None = None
@@ -166,6 +174,8 @@ class Capture:
     trace_path: Path | None = None
     trace_bytes: int | None = None  # uncompressed
     trace_gzip_bytes: int | None = None
+    memory_path: Path | None = None
+    memory_bytes: int | None = None
     write_seconds: float | None = None
     serving_thread_seconds: float = 0.0  # time the capture took from the serving thread at boundaries
     _profiler: Any = None
@@ -197,6 +207,9 @@ class Capture:
             "trace_bytes": self.trace_bytes,
             "trace_gzip_bytes": self.trace_gzip_bytes,
             "trace_file": self.trace_path.name if self.trace_path is not None else None,
+            "memory": self.memory,
+            "memory_file": self.memory_path.name if self.memory_path is not None else None,
+            "memory_bytes": self.memory_bytes,
             "write_seconds": self.write_seconds,
             "serving_thread_seconds": self.serving_thread_seconds,
         }
@@ -214,22 +227,27 @@ class Captures:
 
     # -- the endpoint's side ---------------------------------------------------------------------------
 
-    def request(self, config: ProfileConfig, steps: int, seconds: float, requested_by: str) -> Capture:
-        """Start a capture of the next ``steps`` forward steps, for at most ``seconds``; raises
-        :class:`CaptureRefused` when captures are off, the bounds are exceeded, or one is under way."""
+    def request(
+        self, config: ProfileConfig, steps: int, seconds: float, requested_by: str, memory: bool = False
+    ) -> Capture:
+        """Start a capture of the next ``steps`` forward steps, for at most ``seconds`` (with the CUDA
+        allocator's history over them: ``memory``); raises :class:`CaptureRefused` when captures are off,
+        the bounds are exceeded, or one is under way."""
         if not config.enabled:
             raise CaptureRefused(403, f"profiling is off in this process: start it with {ENV_PREFIX}=1")
         if not 1 <= steps <= config.max_steps:
             raise CaptureRefused(400, f"steps must be within 1..{config.max_steps}, got {steps}")
         if not 0 < seconds <= config.max_seconds:
             raise CaptureRefused(400, f"seconds must be within (0, {config.max_seconds:g}], got {seconds:g}")
+        if memory and not cuda_ready():
+            raise CaptureRefused(400, "memory history needs a process that uses CUDA")
         with self._lock:
             current = self._current
             if current is not None and not current.finished:
                 raise CaptureRefused(
                     409, f"capture {current.id} is under way ({current.state}): one at a time"
                 )
-            capture = Capture(secrets.token_hex(8), steps, seconds, requested_by)
+            capture = Capture(secrets.token_hex(8), steps, seconds, requested_by, memory)
             self._current = capture
             self._history.append(capture)
         threading.Thread(
@@ -252,7 +270,11 @@ class Captures:
     # -- the capture's own thread ------------------------------------------------------------------------
 
     def _run(self, capture: Capture, config: ProfileConfig) -> None:
+        recording = False
         try:
+            if capture.memory:
+                MEMORY.start_recording(config.memory_max_entries)
+                recording = True
             capture._profiler = _new_profiler()
             # torch's one-time set-up of its profiler (seconds, the first time in a process) runs here, not
             # on the serving thread that starts it.
@@ -276,6 +298,9 @@ class Captures:
                 self._finish(capture, "failed", f"{type(exc).__name__}: {exc}")
         finally:
             capture._profiler = None
+            if recording:
+                with contextlib.suppress(Exception):
+                    MEMORY.stop_recording()
 
     def _write(self, capture: Capture, config: ProfileConfig) -> None:
         started = time.monotonic()
@@ -299,6 +324,10 @@ class Captures:
                 shutil.copyfileobj(source, sink, _CHUNK)
             capture.trace_gzip_bytes = final.stat().st_size
             capture.trace_path = final
+            if capture.memory:
+                memory = directory / f"{name}-memory.pickle"
+                capture.memory_bytes = MEMORY.snapshot(memory)
+                capture.memory_path = memory
             capture.write_seconds = time.monotonic() - started
             prune(directory, config.max_files)
             with self._lock:
@@ -359,14 +388,16 @@ class Captures:
         capture.phases[phase] += 1
 
     def generate_ended(self) -> None:
-        """A ``generate`` returned on this thread: a capture running here ends with it, so that no profiler
-        is left on a thread that may wait for its next request for as long as it likes."""
+        """A ``generate`` returned on this thread: its last step ends here (not at the next request's first
+        forward, which may come much later), and a capture past its time ends with it. One with steps and
+        time left goes on into the thread's next request."""
         capture = self._current
         if capture is None or capture.state != "capturing" or capture.thread != threading.get_ident():
             return
         try:
             _close_range(capture)
-            self._stop(capture, "request ended")
+            if time.monotonic() - capture.started_at >= capture.seconds:
+                self._stop(capture, "seconds")
         except Exception as exc:
             log.warning("profile capture %s failed at the end of a request: %r", capture.id, exc)
             self._abandon(capture, f"{type(exc).__name__}: {exc}")
@@ -393,11 +424,10 @@ class Captures:
 
 
 def _new_profiler() -> Any:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if cuda_ready():
         activities.append(ProfilerActivity.CUDA)
     # No shapes, stacks or memory: each multiplies the trace; acc_events off: nothing is kept after it.
     return profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
@@ -422,18 +452,6 @@ def _close_range(capture: Capture) -> None:
     handle, capture._step_range = capture._step_range, None
     if handle is not None:
         torch.ops.profiler._record_function_exit._RecordFunction(handle)
-
-
-def prune(directory: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest capture files in ``directory`` (only files this module names)."""
-    files = sorted(
-        (p for p in directory.glob(f"{FILE_PREFIX}*") if p.is_file()),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    for stale in files[keep:]:
-        with contextlib.suppress(OSError):
-            stale.unlink()
 
 
 #: The process's captures: the endpoint arms them, the forward hooks take them.

@@ -2,13 +2,18 @@
 
 ``start_http_server`` sends every path under ``/debug/`` here; everything else stays the exposition's.
 
-* ``POST /debug/profile?steps=N&seconds=T``: arm a capture of the next ``N`` forward steps, for at most
-  ``T`` seconds; ``202`` and the capture's state as JSON. ``403`` when profiling is off in this process,
+* ``POST /debug/profile?steps=N&seconds=T[&memory=1]``: arm a capture of the next ``N`` forward steps,
+  for at most ``T`` seconds (with ``memory=1``, the CUDA allocator's history over them and a snapshot at
+  their end); ``202`` and the capture's state as JSON. ``403`` when profiling is off in this process,
   ``409`` while another capture is under way (refused, never queued), ``400`` beyond the configured
   bounds, ``501`` in multiprocess mode (the endpoint's process is not the workers').
 * ``GET /debug/profile[?id=ID]``: the state of the latest capture (or of ``ID``).
 * ``GET /debug/profile/trace?id=ID``: the compressed Chrome trace of a finished capture.
 * ``GET /debug/profile/list``: the captures kept (the latest few), oldest first.
+* ``GET /debug/profile/memory?id=ID``: the memory snapshot of a finished ``memory=1`` capture.
+* ``POST /debug/oom?seconds=T``: arm for the next OOM for ``T`` seconds (:mod:`.memory_evidence`);
+  ``GET /debug/oom``: armed or not, OOMs caught, their files; ``GET /debug/oom/file?n=I&kind=K``: file
+  ``K`` (``summary`` or ``snapshot``) of the ``I``-th OOM listed (``-1``: the latest).
 * ``POST /debug/alertmanager[?steps=N&seconds=T]``: an Alertmanager webhook receiver. A ``firing``
   notification takes one capture, at most one per alert group (the payload's ``groupKey``) every
   ``INFERWATCH_PROFILE_ALERT_INTERVAL_SECONDS``; ``resolved`` ones and groups inside their interval are
@@ -27,11 +32,13 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 from inferwatch.common.httpserver import Receive, Scope, Send, respond
 
+from .memory_evidence import MEMORY, cuda_ready
 from .profiling import CAPTURES, CaptureRefused, ProfileConfig
 
 PREFIX = "/debug/"
@@ -81,8 +88,14 @@ class DebugApp:
             if method in ("GET", "HEAD"):
                 return self._state(query)
             return _error(405, "GET or POST")
-        if path == "/debug/profile/trace" and method in ("GET", "HEAD"):
-            return await self._trace(query)
+        if path in ("/debug/profile/trace", "/debug/profile/memory") and method in ("GET", "HEAD"):
+            return await self._file(query, path.rpartition("/")[2])
+        if path == "/debug/oom":
+            if method == "POST":
+                return self._arm(query)
+            return self._refusal() or _json(200, MEMORY.state())
+        if path == "/debug/oom/file" and method in ("GET", "HEAD"):
+            return await self._oom_file(query)
         return _error(404, f"no such path: {path}")
 
     def _refusal(self) -> tuple[int, bytes, list[tuple[str, str]]] | None:
@@ -105,8 +118,9 @@ class DebugApp:
             return _error(400, "steps must be an integer and seconds a number")
         if not math.isfinite(seconds):
             return _error(400, "seconds must be finite")
+        memory = query.get("memory", ["0"])[0] in ("1", "true", "yes")
         try:
-            capture = CAPTURES.request(self.config, steps, seconds, requested_by)
+            capture = CAPTURES.request(self.config, steps, seconds, requested_by, memory)
         except CaptureRefused as exc:
             return _error(exc.status, str(exc))
         return _json(202, capture.to_dict())
@@ -148,20 +162,56 @@ class DebugApp:
             return _error(404, "no such capture")
         return _json(200, capture.to_dict())
 
-    async def _trace(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+    async def _file(self, query: dict[str, list[str]], kind: str) -> tuple[int, bytes, list[tuple[str, str]]]:
         refused = self._refusal()
         if refused is not None:
             return refused
         capture_id = query.get("id", [None])[0]
         capture = CAPTURES.get(capture_id) if capture_id else None
-        if capture is None or capture.state != "done" or capture.trace_path is None:
-            return _error(404, "no finished capture with that id")
+        path = None if capture is None or capture.state != "done" else getattr(capture, f"{kind}_path")
+        if path is None:
+            return _error(404, f"no finished capture with that id and a {kind} file")
+        return await _send_file(path, "application/gzip" if kind == "trace" else "application/octet-stream")
+
+    def _arm(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        if not cuda_ready():
+            return _error(400, "arming for an OOM needs a process that uses CUDA")
         try:
-            body = await asyncio.get_running_loop().run_in_executor(None, capture.trace_path.read_bytes)
-        except OSError as exc:
-            return _error(410, f"the trace is gone: {exc.strerror or exc}")
-        disposition = f'attachment; filename="{capture.trace_path.name}"'
-        return 200, body, [("Content-Type", "application/gzip"), ("Content-Disposition", disposition)]
+            seconds = float(query.get("seconds", ["600"])[0])
+        except ValueError:
+            return _error(400, "seconds must be a number")
+        if not 0 < seconds <= self.config.oom_arm_max_seconds:
+            return _error(400, f"seconds must be within (0, {self.config.oom_arm_max_seconds:g}]")
+        config = self.config
+        MEMORY.arm(seconds, config.memory_max_entries, Path(config.directory), config.max_files)
+        return _json(202, MEMORY.state())
+
+    async def _oom_file(self, query: dict[str, list[str]]) -> tuple[int, bytes, list[tuple[str, str]]]:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        kind = query.get("kind", ["snapshot"])[0]
+        try:
+            entry = MEMORY.files[int(query.get("n", ["-1"])[0])]
+        except (ValueError, IndexError):
+            return _error(404, "no such OOM")
+        if kind not in ("summary", "snapshot") or MEMORY.directory is None:
+            return _error(404, "kind must be summary or snapshot")
+        kinds = {"summary": "text/plain; charset=utf-8", "snapshot": "application/octet-stream"}
+        return await _send_file(MEMORY.directory / entry[kind], kinds[kind])
+
+
+async def _send_file(path: Path, content_type: str) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """A file this process wrote (its name never comes from the request), read off the event loop."""
+    try:
+        body = await asyncio.get_running_loop().run_in_executor(None, path.read_bytes)
+    except OSError as exc:
+        return _error(410, f"the file is gone: {exc.strerror or exc}")
+    disposition = f'attachment; filename="{path.name}"'
+    return 200, body, [("Content-Type", content_type), ("Content-Disposition", disposition)]
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -44,6 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("."), metavar="DIR", help="where the trace is saved (default .)"
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="also record the CUDA allocator's history over the window and save its snapshot "
+        "(https://pytorch.org/memory_viz opens it)",
+    )
+    parser.add_argument(
+        "--arm-oom",
+        type=float,
+        metavar="SECONDS",
+        help="instead of a capture: arm the process for the next OOM for this long (CUDA), and print "
+        "its OOM evidence state",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
     parser.add_argument("--user", help=f"basic-auth user; the password is read from ${PASSWORD_ENV}")
@@ -82,6 +95,20 @@ def _document(answer: Response) -> dict[str, Any]:
         return {"error": f"HTTP {answer.status}: {answer.text.strip()[:200]}"}
 
 
+def _arm_oom(args: argparse.Namespace, call: Any) -> int:
+    try:
+        answer = call("/debug/oom", "POST", seconds=f"{args.arm_oom:g}")
+    except FetchError as exc:
+        print(f"inferwatch profile: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    state = _document(answer)
+    if answer.status != 202:
+        print(f"inferwatch profile: refused ({answer.status}): {state.get('error')}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(state, indent=2))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.seconds <= 0:
         raise ConfigError("--steps must be at least 1 and --seconds positive")
@@ -92,8 +119,15 @@ def main(args: argparse.Namespace) -> int:
             f"{base}{path}", args.timeout, params=params, method=method, headers=headers, context=context
         )
 
+    if args.arm_oom is not None:
+        return _arm_oom(args, call)
     try:
-        answer = call("/debug/profile", "POST", steps=str(args.steps), seconds=f"{args.seconds:g}")
+        params = {
+            "steps": str(args.steps),
+            "seconds": f"{args.seconds:g}",
+            "memory": "1" if args.memory else "0",
+        }
+        answer = call("/debug/profile", "POST", **params)
         state = _document(answer)
         if answer.status != 202:
             print(f"inferwatch profile: refused ({answer.status}): {state.get('error')}", file=sys.stderr)
@@ -117,12 +151,15 @@ def main(args: argparse.Namespace) -> int:
         if trace.status != 200:
             print(f"inferwatch profile: no trace: {_document(trace).get('error')}", file=sys.stderr)
             return EXIT_FAILED
+        memory = call("/debug/profile/memory", id=state["id"]) if state.get("memory_file") else None
     except FetchError as exc:
         print(f"inferwatch profile: {base}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / Path(state["trace_file"]).name  # the server's name, stripped of any directory
     path.write_bytes(trace.body)
+    if memory is not None and memory.status == 200:
+        (args.out / Path(state["memory_file"]).name).write_bytes(memory.body)
     started = time.process_time()
     summary = summarize(load_trace(path))
     analysis = time.process_time() - started
@@ -141,5 +178,7 @@ def main(args: argparse.Namespace) -> int:
             f"(stopped by {state['stopped_by']}), trace {path} ({state['trace_bytes']} bytes, "
             f"{state['trace_gzip_bytes']} compressed)"
         )
+        if state.get("memory_file"):
+            heading += f"; memory snapshot {args.out / state['memory_file']}"
         print(render_text(summary, heading))
     return 0

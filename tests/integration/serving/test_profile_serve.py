@@ -30,6 +30,7 @@ from openai import OpenAI
 from tests.support import free_port, wait_for_http
 from tests.support.processes import INFERWATCH, Process, spawn
 from tests.support.servemodel import write_serve_model
+from tests.support.services import wait_until
 from tests.unit.exporter.certs import bcrypt_hash
 
 pytestmark = pytest.mark.integration
@@ -115,6 +116,15 @@ def stream(server: Server, max_tokens: int, arrivals: list[float]) -> None:
             arrivals.append(time.perf_counter())
 
 
+def under_way(server: Server) -> bool:
+    request = urllib.request.Request(f"{server.base}/debug/profile", headers=authorization())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())["state"] not in ("done", "failed")
+    except urllib.error.HTTPError:
+        return False  # 404: no capture yet
+
+
 def gaps(arrivals: list[float], start: float, end: float) -> list[float]:
     inside = [t for t in arrivals if start <= t <= end]
     return [b - a for a, b in itertools.pairwise(inside)]
@@ -147,7 +157,8 @@ def test_a_capture_while_the_client_streams(server: Server, tmp_path: Path) -> N
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "INFERWATCH_PASSWORD": PASSWORD},
         )  # fmt: skip
-        time.sleep(0.3)  # the first capture is under way: a second one is refused, not queued
+        # Once the CLI's capture is under way, a second one is refused, not queued.
+        wait_until(lambda: under_way(server), 60, "the capture of the CLI to start", interval=0.02)
         second = post(f"{server.base}/debug/profile?steps=2", authorization())
         out, err = profile.communicate(timeout=180)
         answered = time.perf_counter()

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import torch
 from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.profiling import CAPTURES, FILE_PREFIX, ProfileConfig, prune
+from inferwatch.instrumentation.profile_files import FILE_PREFIX, prune
+from inferwatch.instrumentation.profiling import CAPTURES, ProfileConfig
 
 from tests.support import http_get
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
@@ -85,19 +86,28 @@ def test_a_capture_covers_the_next_steps_and_leaves_nothing_behind(llama, instru
     assert generate_until_armed_and_done(llama, endpoint, again["id"])["state"] == "done"
 
 
-def test_a_capture_ends_with_its_request_and_other_threads_are_not_profiled(llama, instrumented, endpoint):
+def test_a_capture_spans_the_requests_of_its_thread_and_no_other_thread(llama, instrumented, endpoint):
     instrumented(llama)
-    status, state = post(f"{endpoint}/debug/profile?steps=200&seconds=20")
+    status, state = post(f"{endpoint}/debug/profile?steps=15&seconds=20")
     assert status == 202
-    done = generate_until_armed_and_done(llama, endpoint, state["id"])
-    assert done["stopped_by"] == "request ended" and done["steps_captured"] == 12
-    # A forward on another thread after that starts nothing.
+    while not CAPTURES.armed:
+        time.sleep(0.01)
+    llama.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=12, do_sample=False)
+    # Another thread's forwards while the capture runs are neither counted nor profiled.
     worker = threading.Thread(
-        target=lambda: llama.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
+        target=lambda: llama.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=4)
     )
     worker.start()
     worker.join()
-    assert CAPTURES.get().id == state["id"]
+    assert CAPTURES.get().state == "capturing" and CAPTURES.get().captured == 12
+    llama.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=12, do_sample=False)
+    done = wait_finished(endpoint, state["id"])
+    assert done["steps_captured"] == 15 and done["stopped_by"] == "steps"
+    assert done["phases"] == {"prefill": 2, "decode": 13}
+    with urllib.request.urlopen(f"{endpoint}/debug/profile/trace?id={state['id']}") as answer:
+        trace = json.loads(gzip.decompress(answer.read()))
+    threads = {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert threads == {threading.get_native_id()}
 
 
 def test_refusals(llama, instrumented, endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +115,11 @@ def test_refusals(llama, instrumented, endpoint, monkeypatch: pytest.MonkeyPatch
     assert post(f"{endpoint}/debug/profile?seconds=nan")[0] == 400
     assert post(f"{endpoint}/debug/profile?steps=x")[0] == 400
     assert http_get(f"{endpoint}/debug/profile/trace?id=../../etc/passwd")[0] == 404
+    # Memory evidence is the CUDA allocator's: a CPU process refuses it, and records nothing.
+    status, answer = post(f"{endpoint}/debug/profile?steps=2&memory=1")
+    assert status == 400 and "CUDA" in answer["error"]
+    assert post(f"{endpoint}/debug/oom?seconds=60")[0] == 400
+    assert json.loads(http_get(f"{endpoint}/debug/oom")[1])["armed"] is False
     monkeypatch.setenv("INFERWATCH_PROFILE", "0")
     server = start_http_server(port=0)
     try:
