@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import ssl
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checklist import MEMORY
+from .checks.findings import Evidence, Finding, Severity
 from .errors import ConfigError
 from .http import FetchError, Response, fetch
-from .profile_summary import load_trace, render_text, summarize
+from .profile_summary import VERDICT_ITEMS, Summary, load_trace, render_text, summarize
 
 EXIT_FAILED = 1
 EXIT_UNREACHABLE = 3
@@ -69,23 +73,24 @@ def _base(url: str) -> str:
     return url.rstrip("/").removesuffix("/metrics")
 
 
-def _headers(args: argparse.Namespace) -> dict[str, str]:
-    if not args.user:
+def auth_headers(user: str | None) -> dict[str, str]:
+    """Basic auth for ``user`` with the password of ``$INFERWATCH_PASSWORD``; none without a user."""
+    if not user:
         return {}
     password = os.environ.get(PASSWORD_ENV)
     if password is None:
         raise ConfigError(f"--user needs the password in ${PASSWORD_ENV}")
-    token = base64.b64encode(f"{args.user}:{password}".encode()).decode()
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
     return {"Authorization": f"Basic {token}"}
 
 
-def _context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if args.ca_file is None:
+def tls_context(ca_file: Path | None) -> ssl.SSLContext | None:
+    if ca_file is None:
         return None
     try:
-        return ssl.create_default_context(cafile=str(args.ca_file))
+        return ssl.create_default_context(cafile=str(ca_file))
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--ca-file {args.ca_file}: {exc}") from None
+        raise ConfigError(f"--ca-file {ca_file}: {exc}") from None
 
 
 def _document(answer: Response) -> dict[str, Any]:
@@ -95,90 +100,197 @@ def _document(answer: Response) -> dict[str, Any]:
         return {"error": f"HTTP {answer.status}: {answer.text.strip()[:200]}"}
 
 
-def _arm_oom(args: argparse.Namespace, call: Any) -> int:
-    try:
-        answer = call("/debug/oom", "POST", seconds=f"{args.arm_oom:g}")
-    except FetchError as exc:
-        print(f"inferwatch profile: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    state = _document(answer)
-    if answer.status != 202:
-        print(f"inferwatch profile: refused ({answer.status}): {state.get('error')}", file=sys.stderr)
-        return EXIT_FAILED
-    print(json.dumps(state, indent=2))
-    return 0
+class ProfileError(Exception):
+    """A capture was refused or failed (:data:`EXIT_FAILED`), or the endpoint could not be reached
+    (:data:`EXIT_UNREACHABLE`); the message says why."""
+
+    def __init__(self, message: str, status: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Profiled:
+    """A finished capture: the server's state of it, where its files were saved, and its summary."""
+
+    state: dict[str, Any]
+    trace: Path
+    memory: Path | None
+    summary: Summary
+    analysis_cpu_seconds: float
+
+
+@dataclass
+class ProfileClient:
+    """The ``/debug/`` routes of one serving process's endpoint."""
+
+    url: str
+    timeout: float = 10.0
+    headers: dict[str, str] = field(default_factory=dict)
+    context: ssl.SSLContext | None = None
+
+    def __post_init__(self) -> None:
+        self.base = _base(self.url)
+
+    def call(self, path: str, method: str = "GET", **params: str) -> Response:
+        try:
+            return fetch(
+                f"{self.base}{path}",
+                self.timeout,
+                params=params,
+                method=method,
+                headers=self.headers,
+                context=self.context,
+            )
+        except FetchError as exc:
+            raise ProfileError(f"{self.base}: {exc}", EXIT_UNREACHABLE) from None
+
+    def capture(self, steps: int, seconds: float, out: Path, memory: bool = False) -> Profiled:
+        """Take a capture, wait for it, save its files into ``out`` and summarize its trace."""
+        params = {"steps": str(steps), "seconds": f"{seconds:g}", "memory": "1" if memory else "0"}
+        answer = self.call("/debug/profile", "POST", **params)
+        state = _document(answer)
+        if answer.status != 202:
+            raise ProfileError(f"refused ({answer.status}): {state.get('error')}")
+        # The capture waits up to `seconds` for a first step, then runs up to `seconds`.
+        deadline = time.monotonic() + 2 * seconds + WRITE_GRACE_SECONDS
+        while state.get("state") not in ("done", "failed"):
+            if time.monotonic() > deadline:
+                raise ProfileError(
+                    f"capture {state.get('id')} still {state.get('state')}: the serving thread has not come "
+                    "back to a step boundary"
+                )
+            time.sleep(POLL_SECONDS)
+            state = _document(self.call("/debug/profile", id=state["id"]))
+        if state["state"] == "failed":
+            raise ProfileError(f"capture {state['id']} failed: {state['error']}")
+        out.mkdir(parents=True, exist_ok=True)
+        trace = out / Path(state["trace_file"]).name  # the server's name, stripped of any directory
+        trace.write_bytes(self._file("/debug/profile/trace", state["id"]))
+        snapshot = None
+        if state.get("memory_file"):
+            snapshot = out / Path(state["memory_file"]).name
+            snapshot.write_bytes(self._file("/debug/profile/memory", state["id"]))
+        started = time.process_time()
+        summary = summarize(load_trace(trace))
+        return Profiled(state, trace, snapshot, summary, time.process_time() - started)
+
+    def _file(self, path: str, capture_id: str) -> bytes:
+        answer = self.call(path, id=capture_id)
+        if answer.status != 200:
+            raise ProfileError(f"no file at {path}: {_document(answer).get('error')}")
+        return answer.body
+
+    def oom_state(self) -> dict[str, Any] | None:
+        """``GET /debug/oom``: OOMs caught while armed and their files; None where profiling is off."""
+        answer = self.call("/debug/oom")
+        return _document(answer) if answer.status == 200 else None
+
+    def arm_oom(self, seconds: float) -> dict[str, Any]:
+        answer = self.call("/debug/oom", "POST", seconds=f"{seconds:g}")
+        state = _document(answer)
+        if answer.status != 202:
+            raise ProfileError(f"refused ({answer.status}): {state.get('error')}")
+        return state
 
 
 def main(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.seconds <= 0:
         raise ConfigError("--steps must be at least 1 and --seconds positive")
-    base, headers, context = _base(args.url), _headers(args), _context(args)
-
-    def call(path: str, method: str = "GET", **params: str) -> Response:
-        return fetch(
-            f"{base}{path}", args.timeout, params=params, method=method, headers=headers, context=context
-        )
-
-    if args.arm_oom is not None:
-        return _arm_oom(args, call)
+    client = ProfileClient(args.url, args.timeout, auth_headers(args.user), tls_context(args.ca_file))
     try:
-        params = {
-            "steps": str(args.steps),
-            "seconds": f"{args.seconds:g}",
-            "memory": "1" if args.memory else "0",
-        }
-        answer = call("/debug/profile", "POST", **params)
-        state = _document(answer)
-        if answer.status != 202:
-            print(f"inferwatch profile: refused ({answer.status}): {state.get('error')}", file=sys.stderr)
-            return EXIT_FAILED
-        # The capture waits up to --seconds for a first step, then runs up to --seconds.
-        deadline = time.monotonic() + 2 * args.seconds + WRITE_GRACE_SECONDS
-        while state.get("state") not in ("done", "failed"):
-            if time.monotonic() > deadline:
-                print(
-                    f"inferwatch profile: capture {state.get('id')} still {state.get('state')}: the serving "
-                    "thread has not come back to a step boundary",
-                    file=sys.stderr,
-                )
-                return EXIT_FAILED
-            time.sleep(POLL_SECONDS)
-            state = _document(call("/debug/profile", id=state["id"]))
-        if state["state"] == "failed":
-            print(f"inferwatch profile: capture {state['id']} failed: {state['error']}", file=sys.stderr)
-            return EXIT_FAILED
-        trace = call("/debug/profile/trace", id=state["id"])
-        if trace.status != 200:
-            print(f"inferwatch profile: no trace: {_document(trace).get('error')}", file=sys.stderr)
-            return EXIT_FAILED
-        memory = call("/debug/profile/memory", id=state["id"]) if state.get("memory_file") else None
-    except FetchError as exc:
-        print(f"inferwatch profile: {base}: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / Path(state["trace_file"]).name  # the server's name, stripped of any directory
-    path.write_bytes(trace.body)
-    if memory is not None and memory.status == 200:
-        (args.out / Path(state["memory_file"]).name).write_bytes(memory.body)
-    started = time.process_time()
-    summary = summarize(load_trace(path))
-    analysis = time.process_time() - started
+        if args.arm_oom is not None:
+            print(json.dumps(client.arm_oom(args.arm_oom), indent=2))
+            return 0
+        profiled = client.capture(args.steps, args.seconds, args.out, args.memory)
+    except ProfileError as exc:
+        print(f"inferwatch profile: {exc}", file=sys.stderr)
+        return exc.status
+    state = profiled.state
     if args.json:
         document = {
             "capture": state,
-            "trace": str(path),
-            "analysis_cpu_seconds": analysis,
-            **summary.to_dict(),
+            "trace": str(profiled.trace),
+            "memory_snapshot": None if profiled.memory is None else str(profiled.memory),
+            "analysis_cpu_seconds": profiled.analysis_cpu_seconds,
+            **profiled.summary.to_dict(),
         }
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         heading = (
-            f"inferwatch profile: {base}, capture {state['id']}: {state['steps_captured']} steps "
-            f"(stopped by {state['stopped_by']}), trace {path} ({state['trace_bytes']} bytes, "
+            f"inferwatch profile: {client.base}, capture {state['id']}: {state['steps_captured']} steps "
+            f"(stopped by {state['stopped_by']}), trace {profiled.trace} ({state['trace_bytes']} bytes, "
             f"{state['trace_gzip_bytes']} compressed)"
         )
-        if state.get("memory_file"):
-            heading += f"; memory snapshot {args.out / state['memory_file']}"
-        print(render_text(summary, heading))
+        if profiled.memory is not None:
+            heading += f"; memory snapshot {profiled.memory}"
+        print(render_text(profiled.summary, heading))
     return 0
+
+
+def profile_findings(profiled: Profiled, url: str) -> list[Finding]:
+    """``inferwatch diagnose --profile``'s finding: the capture's verdict with its evidence (none for a
+    trace without a verdict: a model on the CPU)."""
+    summary, doc = profiled.summary, profiled.summary.to_dict()
+    if summary.verdict is None:
+        return []
+    source = f"inferwatch profile {url} (trace {profiled.trace})"
+    evidence = [Evidence("device busy over the window", f"{doc['device_busy_ratio']:.1%}", source)]
+    idle = doc["idle"]
+    window = doc["window_seconds"] or 1.0
+    split = ", ".join(
+        f"{what} {idle[f'{kind}_seconds'] / window:.1%}"
+        for kind, what in (
+            ("host_wait", "host wait"),
+            ("kernel_gaps", "gaps between kernels"),
+            ("sync_wait", "syncs"),
+        )
+    )
+    evidence.append(Evidence("device idle, as shares of the window", split, source))
+    if doc["top"]:
+        top = doc["top"][0]
+        evidence.append(
+            Evidence(f"top kernel by device time: {top['name'][:80]}", f"{top['share']:.1%}", source)
+        )
+    for phase, totals in doc["phases"].items():
+        if totals["steps"]:
+            value = f"{totals['steps']} steps, median {totals['median_step_seconds'] * 1e3:.2f} ms"
+            evidence.append(Evidence(f"{phase} steps", value, source))
+    severity = Severity.WARNING if summary.verdict in ("host-bound", "launch-bound") else Severity.INFO
+    return [
+        Finding(
+            summary.verdict,
+            severity,
+            f"profile of {_base(url)}",
+            f"a {profiled.state['steps_captured']}-step profile: {summary.why}",
+            tuple(evidence),
+            VERDICT_ITEMS[summary.verdict],
+        )
+    ]
+
+
+def with_oom_evidence(findings: list[Finding], oom: dict[str, Any] | None, url: str) -> list[Finding]:
+    """The findings with the evidence files of the OOMs the process caught while armed: attached to the
+    out-of-memory findings, or as a finding of their own where the metrics showed none."""
+    if not oom or not oom.get("files"):
+        return findings
+    latest = oom["files"][-1]
+    where = f"{_base(url)}/debug/oom/file?n=-1&kind=snapshot (and kind=summary)"
+    extra = Evidence(
+        f"allocator summary and snapshot of the latest of {oom['ooms']} OOM(s) caught while armed",
+        f"{latest['summary']}, {latest['snapshot']}",
+        where,
+    )
+    out, attached = [], False
+    for finding in findings:
+        if finding.check == "oom-risk" and finding.summary.startswith("out-of-memory"):
+            finding = dataclasses.replace(finding, evidence=(*finding.evidence, extra))
+            attached = True
+        out.append(finding)
+    if not attached:
+        summary = "the process ran out of device memory while armed for an OOM"
+        out.append(
+            Finding("oom-risk", Severity.CRITICAL, f"process {_base(url)}", summary, (extra,), (MEMORY,))
+        )
+    return out

@@ -3,10 +3,13 @@ split by kind, per-step device time, self CPU time, and the verdicts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from inferwatch.monitor.profile_summary import summarize
+from inferwatch.monitor.checks.findings import Finding, Severity
+from inferwatch.monitor.profile import Profiled, profile_findings, with_oom_evidence
+from inferwatch.monitor.profile_summary import VERDICT_ITEMS, summarize
 
 
 def step(index: int, phase: str, ts: float, dur: float) -> dict[str, Any]:
@@ -93,3 +96,29 @@ def test_a_cpu_trace_ranks_operators_by_self_time_and_has_no_verdict() -> None:
     assert top == pytest.approx({"aten::addmm": 40e-6, "aten::softmax": 20e-6, "aten::linear": 10e-6})
     assert summary["verdict"] is None and summary["idle"] is None
     assert summary["phases"]["decode"]["steps"] == 1
+
+
+def profiled(summary_trace: dict[str, Any], tmp_path: Path) -> Profiled:
+    state = {"steps_captured": 1, "id": "abc"}
+    return Profiled(state, tmp_path / "t.json.gz", None, summarize(summary_trace), 0.0)
+
+
+def test_diagnose_gets_the_verdict_as_a_finding_and_the_oom_files_as_evidence(tmp_path: Path) -> None:
+    events = [step(0, "decode", 0, 1000)]
+    for i, at in enumerate((100, 400, 700)):
+        events += [launch(i, at), kernel(i, at + 5, 10)]
+    (finding,) = profile_findings(profiled(trace(*events), tmp_path), "http://serving:8797/metrics")
+    assert finding.check == "host-bound" and finding.severity == Severity.WARNING
+    assert finding.subject == "profile of http://serving:8797"
+    assert {e.what for e in finding.evidence} >= {"device busy over the window", "decode steps"}
+    assert finding.checklist == VERDICT_ITEMS["host-bound"]
+    cpu = [step(0, "decode", 0, 100)]
+    assert profile_findings(profiled(trace(*cpu), tmp_path), "http://serving:8797") == []
+
+    oom = {"ooms": 1, "files": [{"summary": "x-oom1-summary.txt", "snapshot": "x-oom1-memory.pickle"}]}
+    metrics_oom = Finding("oom-risk", Severity.CRITICAL, "model m", "out-of-memory errors happened", (), ())
+    (attached,) = with_oom_evidence([metrics_oom], oom, "http://serving:8797")
+    assert "x-oom1-memory.pickle" in attached.evidence[-1].value
+    (own,) = with_oom_evidence([], oom, "http://serving:8797")
+    assert own.check == "oom-risk" and own.severity == Severity.CRITICAL
+    assert with_oom_evidence([metrics_oom], {"ooms": 0, "files": []}, "u") == [metrics_oom]
