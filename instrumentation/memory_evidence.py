@@ -144,8 +144,18 @@ class MemoryEvidence:
             )
             snapshot = self.directory / f"{stem}-memory.pickle"
             size = self.snapshot(snapshot)
+            stats = torch.cuda.memory_stats(device)
             self.files.append(
-                {"time": time.time(), "summary": summary.name, "snapshot": snapshot.name, "bytes": size}
+                {
+                    "time": time.time(),
+                    "device": device,
+                    "summary": summary.name,
+                    "snapshot": snapshot.name,
+                    "bytes": size,
+                    # The allocator's own totals at the OOM, to check the snapshot's against.
+                    "allocated_bytes": stats.get("allocated_bytes.all.current"),
+                    "reserved_bytes": stats.get("reserved_bytes.all.current"),
+                }
             )
             del self.files[:-_KEPT]
             prune(self.directory, self._keep)
