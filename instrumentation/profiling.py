@@ -3,7 +3,7 @@
 A capture is asked for from the metrics endpoint (:mod:`.profiling_http`) and taken on the thread that
 runs the model: torch's profiler records the operators of the thread that starts it (its callbacks are
 thread-local), and must be stopped by that thread. So the endpoint only *arms* a capture; the forward
-hooks (:mod:`.hooks`) call :func:`step_boundary` at the start of every forward, which is where the first
+hooks (:mod:`.hooks`) call :meth:`Captures.boundary` at the start of every forward, which is where the first
 serving thread to get there starts the profiler, marks each step with a ``record_function`` range
 (``inferwatch.step prefill 0``, ``inferwatch.step decode 1``...) and stops it after N steps or T
 seconds, whichever comes first. Outside a capture the hooks pay one attribute read (:data:`CAPTURES`'s
@@ -282,13 +282,14 @@ class Captures:
             capture.armed_at = time.monotonic()
             capture.state = "armed"
             self.armed = True
-            if not capture.stopped.wait(capture.seconds) and capture.state == "armed":
-                # No forward step began within the time: nothing was started on a serving thread.
+            if not capture.stopped.wait(capture.seconds):
                 with self._lock:
-                    if capture.state == "armed":
+                    expired = capture.state == "armed"
+                    if expired:
                         self._finish(capture, "failed", f"no forward step began within {capture.seconds:g}s")
-                _discard_prepared(capture._profiler)
-                return
+                if expired:  # no forward step began in time: nothing was started on a serving thread
+                    _discard_prepared(capture._profiler)
+                    return
             capture.stopped.wait()  # the serving thread stopped it
             if capture.state == "writing":
                 self._write(capture, config)
@@ -456,8 +457,3 @@ def _close_range(capture: Capture) -> None:
 
 #: The process's captures: the endpoint arms them, the forward hooks take them.
 CAPTURES = Captures()
-
-
-def step_boundary(prefill: bool) -> None:
-    """Called by the forward hooks at the start of a step while :data:`CAPTURES` is armed."""
-    CAPTURES.boundary(prefill)
