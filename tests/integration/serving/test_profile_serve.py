@@ -44,7 +44,9 @@ MAX_FILES = 3
 WINDOW_MEDIAN_FACTOR = 4.0
 WINDOW_WORST_SECONDS = 3.0
 #: After the window the median gap is back within this factor of the baseline.
-AFTER_MEDIAN_FACTOR = 1.5
+AFTER_MEDIAN_FACTOR = 2.0
+#: Chunk gaps compared just before and just after the capture.
+NEIGHBOURS = 50
 
 
 @dataclass
@@ -159,6 +161,7 @@ def test_a_capture_while_the_client_streams(server: Server, tmp_path: Path) -> N
         )  # fmt: skip
         # Once the CLI's capture is under way, a second one is refused, not queued.
         wait_until(lambda: under_way(server), 60, "the capture of the CLI to start", interval=0.02)
+        under_way_at = time.perf_counter()
         second = post(f"{server.base}/debug/profile?steps=2", authorization())
         out, err = profile.communicate(timeout=180)
         answered = time.perf_counter()
@@ -178,11 +181,13 @@ def test_a_capture_while_the_client_streams(server: Server, tmp_path: Path) -> N
     assert len(gzip.decompress(trace.read_bytes())) == capture["trace_bytes"]
     assert len(list(server.profile_dir.glob("inferwatch-profile-*"))) <= MAX_FILES
 
-    # The client's chunk gaps: before the capture was asked for, while it ran, and after its answer.
-    baseline = gaps(arrivals, 0, asked)
-    during = gaps(arrivals, asked, answered)
-    after = gaps(arrivals, answered + 0.5, float("inf"))
-    assert len(baseline) >= 10 and len(after) >= 10, (len(baseline), len(during), len(after))
+    # The client's chunk gaps: just before the capture was asked for, from when it was under way to the
+    # CLI's answer, and just after (neighbouring chunks: each token of a long generation costs a little
+    # more than the one before, and the machine's load drifts).
+    baseline = gaps(arrivals, 0, asked)[-NEIGHBOURS:]
+    during = gaps(arrivals, under_way_at, answered)
+    after = gaps(arrivals, answered + 0.5, float("inf"))[:NEIGHBOURS]
+    assert len(baseline) >= 10 and len(after) >= 10 and during, (len(baseline), len(during), len(after))
     base_median = statistics.median(baseline)
     print(
         f"\nchunk gaps (ms): baseline median {base_median * 1e3:.1f}; during the capture median "
