@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from inferwatch.common.files import WriteError, write_files
+
 from .config import ConfigError
 from .render import bundled_files, render_to
 
-#: Exceptions of ``main`` that mean bad configuration: the ``inferwatch`` dispatcher prints them in one
-#: line and exits with status 2.
-USAGE_ERRORS = (ConfigError,)
+#: Exceptions of ``main`` that mean bad configuration or an output directory that cannot be written: the
+#: ``inferwatch`` dispatcher prints them in one line and exits with status 2.
+USAGE_ERRORS = (ConfigError, WriteError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.action == "export":
-        for name, text in bundled_files().items():
-            target = args.dir / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-            print(target)
+        for path in write_files(bundled_files(), args.dir):
+            print(path)
         return 0
     print(render_to(args.out, args.config))
     return 0

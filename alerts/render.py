@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from inferwatch.common.files import write_files
 
 from .config import load_config
 from .rules import render_rules
@@ -50,10 +51,7 @@ def rules_yaml(config: Mapping[str, Any]) -> str:
 
 def render_to(out_dir: Path, config_path: Path | None = None) -> Path:
     """Render the defaults merged with ``config_path`` into ``out_dir``/rules.yaml; return its path."""
-    text = rules_yaml(load_config(config_path))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / RULES_FILE
-    target.write_text(text, encoding="utf-8")
+    [target] = write_files({RULES_FILE: rules_yaml(load_config(config_path))}, out_dir)
     return target
 
 

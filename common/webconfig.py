@@ -23,8 +23,14 @@ cannot express), are refused. Any other key is a misspelling and refused too: it
 TLS off. Every refusal is a :class:`ConfigError`. Both endpoints take this file: the exporter's
 ``--web.config.file`` and the instrumentation endpoint's ``INFERWATCH_WEB_CONFIG_FILE``.
 
+An empty file is refused too: a ConfigMap is briefly empty while it is updated, and "no TLS, no auth"
+is never what such a file means. A file that would serve with less than the one in use (TLS off, basic
+auth off, client certificates no longer required) is refused on reload (:func:`check_reload`): turning
+security off takes a restart, so that a truncated file cannot do it silently.
+
 Checking a bcrypt hash costs tens of milliseconds by design, so a credential that passed once is
-remembered (as a SHA-256 of user and password, never the password) and later scrapes skip bcrypt.
+remembered (as a SHA-256 of user and password, never the password) and later scrapes skip bcrypt; a
+reload keeps what was remembered for every user whose hash did not change.
 """
 
 from __future__ import annotations
@@ -99,8 +105,17 @@ class BasicAuth:
         self._users = dict(users)
         # Checked against for unknown users too, so that a reply's timing does not tell which users exist.
         self._decoy = next(iter(self._users.values()))
-        self._passed: set[bytes] = set()
+        self._passed: set[tuple[str, bytes]] = set()  # (user, digest of user and password)
         self._lock = threading.Lock()
+
+    def keep_remembered(self, previous: BasicAuth) -> None:
+        """Remember what ``previous`` remembered for users whose hash is the same here: a reload that
+        leaves the users as they were must not send every scraper through bcrypt at once."""
+        same = {user for user, hashed in self._users.items() if previous._users.get(user) == hashed}
+        with previous._lock:
+            kept = {entry for entry in previous._passed if entry[0] in same}
+        with self._lock:
+            self._passed |= kept
 
     @staticmethod
     def credentials(header: str | None) -> Credentials | None:
@@ -119,7 +134,7 @@ class BasicAuth:
     def remembered(self, credentials: Credentials) -> bool:
         """Whether these credentials passed bcrypt before (microseconds, no bcrypt)."""
         with self._lock:
-            return _digest(credentials) in self._passed
+            return (credentials[0], _digest(credentials)) in self._passed
 
     def verify(self, credentials: Credentials) -> bool:
         """bcrypt's answer (tens of milliseconds), remembered when it is yes."""
@@ -130,7 +145,7 @@ class BasicAuth:
         ok = self._bcrypt.checkpw(password, hashed or self._decoy) and hashed is not None
         if ok:
             with self._lock:
-                self._passed.add(_digest(credentials))
+                self._passed.add((user, _digest(credentials)))
         return ok
 
     def check(self, header: str | None) -> bool:
@@ -163,10 +178,32 @@ def load_web_config(path: str) -> WebConfig:
         document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"--web.config.file {path}: {_one_line(exc)}") from None
+    if document is None:
+        raise ConfigError(
+            f"--web.config.file {path}: the file is empty (write {{}} for a file that sets nothing)"
+        )
     try:
-        return _build(document if document is not None else {}, Path(path).resolve().parent, path)
+        return _build(document, Path(path).resolve().parent, path)
     except (ValueError, OSError, ssl.SSLError) as exc:
         raise ConfigError(f"--web.config.file {path}: {_one_line(exc)}") from None
+
+
+def check_reload(previous: WebConfig, new: WebConfig, path: str) -> None:
+    """Raise :class:`ConfigError` if serving ``new`` instead of ``previous`` would turn TLS, basic
+    auth or a client-certificate requirement off; the message names each."""
+    lost = []
+    before, after = previous.ssl_context, new.ssl_context
+    if before is not None and after is None:
+        lost.append("TLS")
+    elif before is not None and after is not None and after.verify_mode < before.verify_mode:
+        lost.append("the client-certificate requirement")
+    if previous.auth is not None and new.auth is None:
+        lost.append("basic auth")
+    if lost:
+        raise ConfigError(
+            f"--web.config.file {path}: the new file turns {' and '.join(lost)} off; "
+            "that takes a restart, not a reload"
+        )
 
 
 def _build(document: Any, base: Path, path: str) -> WebConfig:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .generate import bundled_files, generate, write
+from inferwatch.common.files import WriteError, write_files
+
+from .generate import bundled_files, generate
+
+#: Exceptions of ``main`` that mean bad input: the ``inferwatch`` dispatcher prints them in one line and
+#: exits with status 2.
+USAGE_ERRORS = (WriteError,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     files = bundled_files() if args.action == "export" else generate()
     target = args.dir if args.action == "export" else args.out
-    for path in write(files, target):
+    for path in write_files(files, target):
         print(path)
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-from pathlib import Path
 
 
 def generate() -> dict[str, str]:
@@ -33,14 +32,3 @@ def bundled_files() -> dict[str, str]:
         for entry in sorted(root.iterdir(), key=lambda e: e.name)
         if entry.name.endswith(".json")
     }
-
-
-def write(files: dict[str, str], out_dir: Path) -> list[Path]:
-    """Write ``files`` into ``out_dir``; return the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in files.items():
-        path = out_dir / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written

@@ -120,9 +120,17 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# RFC 3986 path characters (pchar and "/"): a space, "?" or "#" cannot be in the path a scraper asks for.
+_URL_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
+# A Python module name, dotted: what importlib can import without a package to be relative to.
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 def parse_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in HEALTH_PATHS or value == "/":
         raise ValueError(f"{value!r} must be a path starting with / other than /, {', '.join(HEALTH_PATHS)}")
+    if not _URL_PATH.fullmatch(value):
+        raise ValueError(f"{value!r} has characters a URL path cannot hold (a space, ?, #...)")
     return value
 
 
@@ -139,10 +147,14 @@ def parse_gpus(value: str) -> tuple[str, ...]:
     """``all`` or a comma-separated list of indices and UUIDs (``GPU-...``)."""
     if value.strip().lower() == "all":
         return ()
-    tokens = tuple(token.strip() for token in value.split(",") if token.strip())
+    tokens = tuple(token.strip() for token in value.split(","))
     bad = [t for t in tokens if not (t.isdigit() or t.startswith("GPU-"))]
-    if bad or not tokens:
-        raise ValueError(f"{value!r} is not 'all' or a list of GPU indices and UUIDs (GPU-...)")
+    if bad:
+        what = "an empty item" if "" in bad else f"{bad[0]!r}"
+        raise ValueError(f"{value!r} is not 'all' or a list of GPU indices and UUIDs (GPU-...): {what}")
+    twice = sorted({t for t in tokens if tokens.count(t) > 1})
+    if twice:
+        raise ValueError(f"{value!r} names {', '.join(twice)} more than once")
     return tokens
 
 
@@ -459,9 +471,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
     host, port = values.pop("listen_address")
     if values["timeout"] is None:
         values["timeout"] = min(values["interval"], parse_duration(MAX_TIMEOUT))
-    return ExporterConfig(
-        listen_host=host,
-        listen_port=port,
-        nvml_module=environ.get(NVML_MODULE_ENV, DEFAULT_NVML_MODULE),
-        **values,
-    )
+    nvml_module = environ.get(NVML_MODULE_ENV, DEFAULT_NVML_MODULE)
+    if not _MODULE_NAME.fullmatch(nvml_module):
+        raise ConfigError(
+            f"{NVML_MODULE_ENV}: {nvml_module!r} is not a module name (unset it for {DEFAULT_NVML_MODULE})"
+        )
+    return ExporterConfig(listen_host=host, listen_port=port, nvml_module=nvml_module, **values)

@@ -1,4 +1,5 @@
-"""Rendering for scrapes: the poller's latest samples plus the exporter's own process metrics.
+"""Rendering for scrapes: the poller's latest samples, the web config's reload status, and the
+exporter's own process metrics.
 
 A scrape's body is made at most once per change of what the poller holds (a new snapshot, a new count)
 and per variant (text or OpenMetrics, gzip or not), then served from memory: with several scrapers, or
@@ -10,6 +11,7 @@ encoding and compressing, and none waits on NVML. The ``process_*`` metrics of t
 from __future__ import annotations
 
 import gzip
+import itertools
 import threading
 from typing import NamedTuple
 
@@ -22,6 +24,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as encode_o
 
 from .encoding import OPENMETRICS_EOF, encode
 from .poller import Poller
+from .selfmetrics import ReloadStatus
 
 # Level 1: a 62 KB scrape shrinks to a sixth in about 0.3 ms; higher levels gain little for the CPU.
 _GZIP_LEVEL = 1
@@ -40,6 +43,7 @@ class Exposition:
 
     def __init__(self, poller: Poller) -> None:
         self._poller = poller
+        self.reloads = ReloadStatus()  # updated by the exporter's SIGHUP handler
         self._process = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self._process)
         self._lock = threading.Lock()
@@ -50,7 +54,7 @@ class Exposition:
         variant = (prefers_openmetrics(accept), gzip_acceptable(accept_encoding))
         # One rendering at a time: concurrent scrapes after a collection wait for it, then share it.
         with self._lock:
-            state = self._poller.state()
+            state = (*self._poller.state(), self.reloads.version)
             if state != self._state:
                 self._state, self._bodies = state, {}
             body = self._bodies.get(variant)
@@ -69,7 +73,7 @@ class Exposition:
         return Body(gzip.compress(plain.data, compresslevel=_GZIP_LEVEL), plain.content_type, True)
 
     def _encode(self, openmetrics: bool) -> Body:
-        collected = encode(self._poller.samples(), openmetrics)
+        collected = encode(itertools.chain(self._poller.samples(), self.reloads.samples()), openmetrics)
         if openmetrics:  # one document: only the last part keeps its terminator
             collected = collected.removesuffix(OPENMETRICS_EOF.encode())
             return Body(collected + encode_openmetrics(self._process), CONTENT_TYPE_OPENMETRICS, False)

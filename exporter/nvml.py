@@ -470,7 +470,12 @@ class NvmlSession:
                     devices.append(GpuDevice(index, uuid, handle, driver_version, cuda_driver_version))
             missing = set(selection) - {str(d.index) for d in devices} - {d.uuid for d in devices}
             if missing:
-                log.warning("selected GPUs not found: %s", ", ".join(sorted(missing)))
+                log.warning(
+                    "--gpus: %s not found among the %d GPU(s) of this machine; exporting %d",
+                    ", ".join(sorted(missing)),
+                    nvml.nvmlDeviceGetCount(),
+                    len(devices),
+                )
             return cls(nvml, tuple(devices), driver_version)
         except nvml.NVMLError:
             nvml.nvmlShutdown()

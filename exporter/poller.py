@@ -13,7 +13,10 @@ interval while it runs.
 
 NVML unavailable (no driver, no library): the poller serves host metrics with ``inferwatch_nvml_up 0``
 and retries initialising every ``--nvml.retry-interval``. NVML failing later (driver reset): the session
-is closed and reopened at the next poll; counters go on from where they were (:mod:`.counters`).
+is closed and reopened at the next poll. Counters are served as NVML counts them, since the driver
+loaded: a driver reset is a counter reset, which Prometheus' ``rate()`` and ``increase()`` absorb, and
+a restart of the exporter changes no value (an offset kept in memory to hide the reset would be lost by
+a restart, and Prometheus would count what it covered twice; docs/exporter.md, "Counters").
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from .collectors import (
     host_collectors,
 )
 from .config import ExporterConfig
-from .counters import MonotonicCounters
 from .nvml import HUNG, GpuContext, GpuDevice, GpuLost, NvmlGone, NvmlSession
 from .samples import Sample
 from .selfmetrics import (
@@ -166,7 +168,6 @@ class Poller:
         self.pods = PodAttribution.from_config(config) if config.kubernetes else None
         self._gpu_collectors = gpu_collectors(config, self.pods)
         self._host_collectors = host_collectors(config, self.pods)
-        self._counters = MonotonicCounters()
         self.nvml_errors = Tally(NVML_ERRORS)
         names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
         self.collector_errors = Tally(COLLECTOR_ERRORS, preset=[(name,) for name in names])
@@ -324,7 +325,7 @@ class Poller:
             finished = job.wait(self._config.timeout) if device in started else False
             up = finished and job.outcome is Outcome.OK
             if up:
-                samples += self._adjusted(job.context.samples)
+                samples += job.context.samples
                 for pid in job.context.process_ids:
                     gpu_pids.setdefault(pid, set()).add(device.uuid)
                 self._last_read[device.labels] = (time.time(), job.elapsed)
@@ -346,14 +347,6 @@ class Poller:
             self._close_session()
             self._next_init = 0.0
         return samples
-
-    def _adjusted(self, samples: list[Sample]) -> Iterator[Sample]:
-        """Counters through the reset guard, so that none goes down across a driver reset."""
-        for sample in samples:
-            if sample.spec.kind == "counter":
-                value = self._counters.adjust((sample.spec.name, sample.labels), sample.value)
-                sample = sample._replace(value=value)
-            yield sample
 
     def _report_hang(self, device: GpuDevice, job: GpuJob) -> None:
         if job.hang_reported:

@@ -1,4 +1,4 @@
-"""The exporter's metrics about itself: collection health, NVML errors, staleness.
+"""The exporter's metrics about itself: collection health, NVML errors, staleness, web config reloads.
 
 Error and overrun counts are kept in :class:`Tally` objects that GPU worker threads, the XID thread and
 the watchdog update directly, and ``/metrics`` reads them live: a stuck collection cannot hide the count
@@ -8,6 +8,7 @@ that reports it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 from .samples import MetricSpec, Sample, gpu_gauge
@@ -87,3 +88,39 @@ class Tally:
             counts = list(self._counts.items())
         for labels, count in counts:
             yield Sample(self._spec, labels, float(count))
+
+
+RELOAD_OK = MetricSpec(
+    "inferwatch_exporter_web_config_last_reload_successful",
+    "gauge",
+    "1 when the last SIGHUP reload of the web config file was applied (or none came yet), 0 if refused.",
+)
+RELOAD_OK_AT = MetricSpec(
+    "inferwatch_exporter_web_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "Unix time the web config in use was loaded (at start-up or by a SIGHUP reload).",
+)
+
+
+class ReloadStatus:
+    """Whether the last reload of the web config file was applied, and when the one in use was loaded;
+    updated by the reloading task, read by scrapes (the same interface as :class:`Tally`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ok = True
+        self._loaded_at = time.time()
+        self.version = 0
+
+    def record(self, ok: bool) -> None:
+        with self._lock:
+            self._ok = ok
+            if ok:
+                self._loaded_at = time.time()
+            self.version += 1
+
+    def samples(self) -> Iterator[Sample]:
+        with self._lock:
+            ok, loaded_at = self._ok, self._loaded_at
+        yield Sample(RELOAD_OK, (), 1.0 if ok else 0.0)
+        yield Sample(RELOAD_OK_AT, (), loaded_at)

@@ -27,7 +27,7 @@ from inferwatch.common.httpserver import (
     respond,
 )
 from inferwatch.common.lograte import RateLimit
-from inferwatch.common.webconfig import BasicAuth, WebConfig
+from inferwatch.common.webconfig import BasicAuth, Credentials, WebConfig
 
 from .errors import ListenError
 from .exposition import Exposition
@@ -44,7 +44,8 @@ _LANDING = """<!DOCTYPE html>
 <li><a href="/-/ready">/-/ready</a></li></ul></body></html>
 """
 _TEXT = "text/plain; charset=utf-8"
-# bcrypt checks running at once, and waiting at most: beyond, unremembered credentials are answered 503.
+# bcrypt checks running at once, and different credentials being checked at most: beyond, unremembered
+# credentials are answered 503 (a flood of wrong passwords must not queue without bound).
 _BCRYPT_THREADS = 2
 _BCRYPT_QUEUE = 16
 
@@ -76,7 +77,8 @@ class ExporterServer:
             raise ListenError(exc.errno, f"cannot listen on {shown}: {exc.strerror or exc}") from None
         self._http = HttpServer(self._app, sock, http_log, ssl_context=self.web.ssl_context, limits=limits)
         self._bcrypt = ThreadPoolExecutor(_BCRYPT_THREADS, thread_name_prefix="bcrypt")
-        self._bcrypt_waiting = 0
+        # Password checks under way or waiting for a bcrypt thread, by the credentials they check.
+        self._checks: dict[Credentials, asyncio.Future[bool]] = {}
 
     @property
     def port(self) -> int:
@@ -91,7 +93,10 @@ class ExporterServer:
         self._bcrypt.shutdown(wait=False, cancel_futures=True)
 
     async def apply_web_config(self, web: WebConfig) -> None:
-        """Serve with ``web`` from now on: its users and headers at once, its TLS for new connections."""
+        """Serve with ``web`` from now on: its users and headers at once, its TLS for new connections;
+        credentials remembered for users whose hash did not change stay remembered."""
+        if web.auth is not None and self.web.auth is not None:
+            web.auth.keep_remembered(self.web.auth)
         self.web = web
         await self._http.replace_ssl_context(web.ssl_context)
 
@@ -139,13 +144,14 @@ class ExporterServer:
             return "denied"
         if auth.remembered(credentials):
             return "ok"
-        if self._bcrypt_waiting >= _BCRYPT_QUEUE:
-            http_log.warning("%d password checks waiting: answering 503 to more for now", _BCRYPT_QUEUE)
-            return "busy"
-        self._bcrypt_waiting += 1
-        try:
+        # Scrapers that all carry the same credentials (50 of them starting at once) share one check.
+        check = self._checks.get(credentials)
+        if check is None:
+            if len(self._checks) >= _BCRYPT_QUEUE:
+                http_log.warning("%d password checks waiting: answering 503 to more for now", _BCRYPT_QUEUE)
+                return "busy"
             loop = asyncio.get_running_loop()
-            ok = await loop.run_in_executor(self._bcrypt, auth.verify, credentials)
-        finally:
-            self._bcrypt_waiting -= 1
-        return "ok" if ok else "denied"
+            check = self._checks[credentials] = loop.run_in_executor(self._bcrypt, auth.verify, credentials)
+            check.add_done_callback(lambda _: self._checks.pop(credentials, None))
+        # Shielded: a waiter cut off (its connection closed) must not cancel the others' check.
+        return "ok" if await asyncio.shield(check) else "denied"

@@ -235,6 +235,8 @@ def _validate(args: argparse.Namespace) -> None:
             f"--model: unknown model {args.model!r}: not a directory, and built-in models are "
             f"{', '.join(BUILTIN_MODELS)}"
         )
+    if args.model not in BUILTIN_MODELS and not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ConfigError(f"--model: {args.model!r} has no config.json: not a save_pretrained directory")
     low, high = args.prompt_len_range
     if not 1 <= low <= high:
         raise ConfigError(f"--prompt-len-range: need 1 <= MIN <= MAX, got {low} {high}")
@@ -391,7 +393,17 @@ def _serve(args: argparse.Namespace, config: InstrumentConfig, device: str, url:
     model_name = args.model_name or os.path.basename(os.path.normpath(args.model))
     print(f"inferwatch demo: metrics on {url}", flush=True)
     print(f"inferwatch demo: building {args.model} on {device}...", flush=True)
-    model = load_model(args.model, device=device, seed=args.seed)
+    try:
+        model = load_model(args.model, device=device, seed=args.seed)
+    except (OSError, ValueError) as exc:  # transformers' words for a directory it cannot load
+        raise ConfigError(f"--model: cannot load {args.model!r}: {str(exc).splitlines()[0]}") from None
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and args.prompt_len_range[1] + args.max_new_tokens > context:
+        # Beyond the positions the model has, generate fails or, on the CPU, runs for minutes first.
+        raise ConfigError(
+            f"--prompt-len-range: MAX {args.prompt_len_range[1]} plus --max-new-tokens "
+            f"{args.max_new_tokens} is beyond the model's {context} positions"
+        )
     generation = _Generation(
         model, device, RequestStream(args.seed, tuple(args.prompt_len_range), args.max_new_tokens), args
     )

@@ -5,8 +5,9 @@ Three ways to get the metrics of an instrumented model to Prometheus:
 * :func:`start_http_server` runs an endpoint of its own in one background thread (``/metrics`` and every
   other path answer the exposition, like prometheus_client's server), built for living inside a model
   server: HTTP/1.1 with keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle,
-  slow-request and connection limits), and a CPU budget, so that however hard it is scraped it takes
-  no more than :data:`CPU_SHARE` of a core from the serving loop, while no answer comes from a
+  slow-request and connection limits), and a CPU budget, so that however hard it is scraped its answers
+  take no more than :data:`CPU_SHARE` of a core from the serving loop, clients that scrape at a normal
+  pace ahead of those that scrape back to back, while no answer comes from a
   collection of the registry older than :data:`MAX_AGE` (unless the registry typically takes more than
   ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it takes to pay that back);
 * :func:`make_wsgi_app` / :func:`make_asgi_app` return an app to mount on the serving framework's own
@@ -32,7 +33,7 @@ import logging
 import os
 import statistics
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -87,9 +88,12 @@ WEB_CONFIG_ENV = "INFERWATCH_WEB_CONFIG_FILE"
 DEFAULT_PORT = 8797
 DEFAULT_ADDRESS = "127.0.0.1"
 
-#: The share of one core :func:`start_http_server`'s thread may use, averaged, however it is scraped
-#: (docs/serving.md, "The metrics endpoint"): parsing, collecting, encoding, compressing. The serving
-#: loop's Python thread loses about as much to it through the GIL (docs/benchmarks.md).
+#: The share of one core :func:`start_http_server`'s answers may use, averaged, however it is scraped
+#: (docs/serving.md, "The metrics endpoint"): collecting, encoding, compressing, writing, from when a
+#: request is taken up. Parsing requests, and connections that never make one, are bounded by the HTTP
+#: layer's limits instead: charging their CPU to the budget made every scrape wait for it behind a flood
+#: of trickling clients (5.9 s). The serving loop's Python thread loses about as much to it through the
+#: GIL (docs/benchmarks.md).
 CPU_SHARE = 0.025
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
 CPU_BURST = 0.1
@@ -120,6 +124,12 @@ _COSTS_KEPT = 3
 AGE_HEADER = "Inferwatch-Collection-Age"
 # Level 1: a fifth of the size for a fraction of the CPU of gzip's default level 9.
 _GZIP_LEVEL = 1
+#: A connection that waited this long (seconds) since its last answer, or a new one, is a quiet client:
+#: its request is taken up at once, ahead of clients that scrape back to back, as long as the CPU budget
+#: is less than :data:`CPU_BURST` in debt (docs/serving.md, "The metrics endpoint").
+QUIET = 0.5
+# Connections whose last answer is remembered for QUIET: the most recent ones.
+_CLIENTS_KEPT = 4096
 # Answers kept per collection, one per variant of what requests ask for (format, compression, names): a
 # client asking for a new variant with every request must not grow memory.
 _RENDERS_KEPT = 8
@@ -325,7 +335,10 @@ class _EndpointApp:
     """:func:`start_http_server`'s app: the answers of :func:`make_asgi_app` within CPU budgets, from
     collections at most :data:`MAX_AGE` old.
 
-    Every request waits while the loop thread has used more than :data:`CPU_SHARE`. Once taken up, it
+    A request waits while answers have used more than :data:`CPU_SHARE`, unless its connection is new or
+    was :data:`QUIET` since its last answer: such a request (a scrape at a normal pace) is taken up at
+    once, ahead of connections that scrape back to back, while the budget is less than
+    :data:`CPU_BURST` in debt. Once taken up, it
     gets an answer encoded from one collection of the registry that every variant (format, compression,
     names) shares, each variant encoded from it once: a new collection while renderings have used less
     than :data:`RENDER_SHARE` (every answer is then collected for its request), or when the last one is
@@ -333,13 +346,16 @@ class _EndpointApp:
     old instead of the serving process slow, whatever variants the clients ask for, and renderings take
     one collection per ``MAX_AGE`` plus one encoding per variant asked for. Where that would be more
     than :data:`REFRESH_SHARE` of a core (a typical collection over 15 ms), a collection is kept until
-    its cost is paid back at that share instead. The thread as a whole stays within ``CPU_SHARE``. Each
+    its cost is paid back at that share instead. Answers as a whole stay within ``CPU_SHARE``. Each
     answer says how old its collection is (:data:`AGE_HEADER`).
     """
 
     def __init__(self, registry: Collector) -> None:
         self._registry = registry
-        self._requests = CpuBudget(CPU_SHARE, CPU_BURST)
+        self._answering = 0.0  # CPU seconds answering requests took, from being taken up to being sent
+        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering)
+        # Connection (client address and port) -> when its last answer was sent, most recent last.
+        self._answered: OrderedDict[object, float] = OrderedDict()
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
         self._snapshot: _Snapshot | None = None
@@ -358,19 +374,29 @@ class _EndpointApp:
         if method not in ("GET", "HEAD"):
             await _send(send, 405, _method_not_allowed(), head=method == "HEAD")
             return
-        await self._requests.acquire()
-        headers = request_headers(scope)
-        variant = _variant(
-            headers.get("accept"),
-            headers.get("accept-encoding"),
-            scope.get("query_string", b"").decode("latin-1"),
-        )
-        answer, snapshot, collected = self._exposition(variant)
-        age = max(0.0, time.monotonic() - snapshot.taken)
-        fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
-        if not collected:
-            fields.append(("Age", str(int(age))))
-        await respond(send, 200, fields, answer.body, head=method == "HEAD")
+        client = scope.get("client")
+        last = self._answered.get(client)
+        await self._requests.acquire(urgent=last is None or time.monotonic() - last >= QUIET)
+        started = time.thread_time()
+        try:
+            headers = request_headers(scope)
+            variant = _variant(
+                headers.get("accept"),
+                headers.get("accept-encoding"),
+                scope.get("query_string", b"").decode("latin-1"),
+            )
+            answer, snapshot, collected = self._exposition(variant)
+            age = max(0.0, time.monotonic() - snapshot.taken)
+            fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
+            if not collected:
+                fields.append(("Age", str(int(age))))
+            await respond(send, 200, fields, answer.body, head=method == "HEAD")
+        finally:
+            self._answering += time.thread_time() - started
+            self._answered[client] = time.monotonic()
+            self._answered.move_to_end(client)
+            if len(self._answered) > _CLIENTS_KEPT:
+                self._answered.popitem(last=False)
 
     def _exposition(self, variant: _Variant) -> tuple[Exposition, _Snapshot, bool]:
         """The answer for ``variant``, its collection, and whether that was collected for this request."""

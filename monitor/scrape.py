@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from inferwatch.monitor.errors import ConfigError
 from inferwatch.monitor.http import FetchError, fetch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,10 +65,18 @@ def instance_of(url: str) -> str:
 
 
 def normalize_url(url: str) -> str:
-    """Accept ``host:port`` or a base URL as well as a full metrics URL."""
+    """Accept ``host:port`` or a base URL as well as a full metrics URL; raises
+    :class:`.errors.ConfigError` naming ``url`` when it is no http(s) URL with a host."""
+    given = url
     if "://" not in url:
         url = f"http://{url}"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- parsed here, so that a bad port is an error now, not at every scrape
+    except ValueError as exc:
+        raise ConfigError(f"{given!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise ConfigError(f"{given!r} is not an http(s) URL or HOST:PORT")
     if parts.path in ("", "/"):
         url = url.rstrip("/") + "/metrics"
     return url

@@ -36,8 +36,8 @@ def _host_bound(p: Params) -> list[AlertRule]:
         p.rule(
             expr,
             f"{MODEL} keeps its GPU busy only {VALUE_PERCENT} of the time while serving.",
-            f"The GPU ({label('device')}) ran the kernels of {MODEL}'s serving process for only "
-            f"{VALUE_PERCENT} of wall time (NVML, {label('source')} utilization; threshold "
+            f"The GPU ({label('device')}, {label('uuid')}) ran the kernels of {MODEL}'s serving process for "
+            f"only {VALUE_PERCENT} of wall time (NVML, {label('source')} utilization; threshold "
             f"{num(p['busy_ratio_below'] * 100)}%) while requests were in flight, for more than {p['for']}. "
             "The GPU waits for the host: Python overhead, kernel launches, tokenization, sampling or data "
             "loading sit between the kernels.",

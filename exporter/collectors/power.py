@@ -16,7 +16,7 @@ POWER_LIMIT = gpu_gauge(
 )
 ENERGY = gpu_counter(
     "gpu_energy_joules_total",
-    "Energy used by the GPU since its driver loaded (NVML's counter), carried over driver resets.",
+    "Energy used by the GPU since its driver loaded (NVML's counter): a driver reset restarts it at zero.",
 )
 
 

@@ -263,6 +263,7 @@ def test_host_bound_alert_fires_and_resolves_through_alertmanager(stack: Stack) 
         "instance": stack.gpu_serving.address,
         "model": MODEL,
         "device": "cuda:0",
+        "uuid": stack.gpu_serving.device.uuid,
         "source": "process",
     }
     assert firing["annotations"]["runbook_url"].endswith("#inferwatchhostbound")

@@ -4,6 +4,7 @@ pods of a stand-in kubelet (``tests.support.kubelet``)."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -27,7 +28,13 @@ from inferwatch.exporter.config import OPTIONS
 from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
 from tests.support.kubelet import PodResourcesServer, gpu_pod
-from tests.support.services import RunningProcess, start_exporter, start_process, wait_until
+from tests.support.services import (
+    RunningProcess,
+    start_exporter,
+    start_process,
+    start_prometheus,
+    wait_until,
+)
 from tests.unit.exporter import fake_nvml
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
@@ -262,35 +269,81 @@ def test_nvml_faults_leave_the_rest_served(tmp_path: Path) -> None:
         assert gpu_value(text, "gpu_xid_last_timestamp_seconds", 0, xid="79") > time.time() - 30
 
 
-def test_counters_never_decrease_across_a_driver_reset(tmp_path: Path) -> None:
-    counters = (
-        ("gpu_energy_joules_total", {}),
-        ("gpu_clocks_event_seconds_total", {"reason": "sw_power_cap"}),
-    )
-    history: list[tuple[float | None, ...]] = []
-    with fake_exporter(tmp_path, {"gpus": 2}) as exporter:
-        for scrape in range(30):
-            if scrape == 10:
-                exporter.fault("driver_reset")
-            text = exporter.scrape()
-            history.append(tuple(gpu_value(text, name, 0, **labels) for name, labels in counters))
-            time.sleep(0.1)
-    # The GPUs' own calls saw the reset (not only the XID thread), and NVML was reopened.
-    reset_seen = [
-        s
-        for s in parse_samples(text)
-        if s.name == "inferwatch_exporter_nvml_errors_total"
-        and s.labels["error"] == "uninitialized"
-        and s.labels["call"].startswith("nvmlDevice")
-    ]
-    assert reset_seen, text
-    assert gpu_value(text, "gpu_up", 0) == 1
-    # While the GPUs were down the series were absent; every value served never went down.
-    served = [h for h in history if None not in h]
-    assert len(served) >= 20, history
-    for before, after in itertools.pairwise(served):
-        assert all(a >= b for a, b in zip(after, before, strict=True)), history
-    assert served[-1][0] > served[9][0]  # and the energy went on counting after the reset
+# The stand-in's steady rates (tests.unit.exporter.fake_nvml): 350 W, and sw_power_cap held 10 % of the time.
+FAKE_WATTS, FAKE_THROTTLED = 350.0, 0.1
+COUNTED = {
+    "gpu_energy_joules_total": FAKE_WATTS,
+    'gpu_clocks_event_seconds_total{reason="sw_power_cap"}': FAKE_THROTTLED,
+}
+
+
+def increase_without_extrapolation(prometheus: Any, selector: str, seconds: float) -> tuple[float, int]:
+    """Prometheus' ``increase()`` of ``selector`` (one series) over its samples of the last ``seconds``,
+    before extrapolation to the window's edges: the sum of rises, a drop taken as a reset from zero (as
+    Prometheus takes it); and the number of resets Prometheus saw there."""
+    [series] = prometheus.query(f"{selector}[{int(seconds)}s]")
+    values = [float(v) for _, v in series["values"]]
+    total = sum(b - a if b >= a else b for a, b in itertools.pairwise(values))
+    [resets] = prometheus.query(f"resets({selector}[{int(seconds)}s])")
+    return total, int(float(resets["value"][1]))
+
+
+@pytest.mark.parametrize("order", ["reset_then_restart", "restart_then_reset"])
+def test_increase_counts_what_happened_across_a_driver_reset_and_an_exporter_restart(
+    tmp_path: Path, order: str
+) -> None:
+    # A driver loaded ten minutes ago: the counts from before the exporter started are large, so that
+    # counting them again (what an offset kept in memory made a restart do) cannot pass for noise.
+    scenario = {"gpus": 1, "driver_loaded_at": time.time() - 600}
+    port = free_port()
+    control = tmp_path / "nvml-control.jsonl"
+    env = {
+        "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
+        "FAKE_NVML_SCENARIO": json.dumps(scenario),
+        "FAKE_NVML_CONTROL": str(control),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    ecc = 'gpu_ecc_errors_total{type="corrected", scope="%s"}'
+
+    def run_exporter(work: str) -> Any:
+        return start_exporter(port, extra_args=FAST, env=env, workdir=tmp_path / work, timeout=60)
+
+    def fault(op: str, **args: Any) -> None:
+        with control.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"op": op, **args}) + "\n")
+
+    def driver_reset() -> None:
+        fault("ecc", count=3)
+        time.sleep(2)  # scraped before the reset clears the volatile count
+        fault("driver_reset", at=time.time())
+        fault("ecc", count=2)
+
+    with start_prometheus({"exporter": [f"127.0.0.1:{port}"]}, workdir=tmp_path / "prometheus") as prom:
+        with run_exporter("first"):
+            first = prom.wait_for_history("gpu_energy_joules_total", 3)
+            if order == "reset_then_restart":
+                driver_reset()
+                time.sleep(3)
+        with run_exporter("second"):
+            if order == "restart_then_reset":
+                time.sleep(3)
+                driver_reset()
+            prom.wait_for_history("gpu_energy_joules_total", 3)
+            time.sleep(3)
+            last = float(prom.query("timestamp(gpu_energy_joules_total)")[0]["value"][1])
+        window = time.time() - first + 10
+        [oldest] = prom.query(f"min_over_time(timestamp(gpu_energy_joules_total)[{int(window)}s:1s])")
+        span = last - float(oldest["value"][1])
+        for selector, rate in COUNTED.items():
+            counted, resets = increase_without_extrapolation(prom, selector, window)
+            happened = rate * span
+            assert resets == 1, (selector, resets)  # the driver's reset; the exporter's restart is none
+            # At most what happened; less by what the driver counted between its last scrape before the
+            # reset and the reset (a scrape interval, plus the poll that noticed it).
+            assert happened * 0.75 <= counted <= happened * 1.02, (selector, counted, happened, span)
+        for scope in ("volatile", "aggregate"):
+            counted, _ = increase_without_extrapolation(prom, ecc % scope, window)
+            assert counted == 5, (scope, counted)
 
 
 def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path: Path) -> None:
@@ -533,6 +586,107 @@ def test_sighup_reloads_the_web_config_and_a_broken_file_keeps_the_last_good_one
     lines = log_path.read_text().splitlines()
     assert any("SIGHUP: web configuration reloaded" in line for line in lines)
     assert not any("Traceback" in line for line in lines)
+
+
+KEPT = "keeping the previous web configuration"
+
+
+def status(url: str, auth: tuple[str, str] | None = None) -> int:
+    """The status of a GET, 0 while nothing listens."""
+    try:
+        return requests.get(url, auth=auth, timeout=5).status_code
+    except requests.RequestException:
+        return 0
+
+
+def test_an_empty_or_weaker_file_on_sighup_keeps_auth_and_says_so_in_a_metric(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    users = f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n"
+    web_config.write_text(users)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    log_path = tmp_path / "exporter.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_console_env(), start_new_session=True
+        )
+    proc = RunningProcess(popen, log_path, url)
+    auth = ("alice", "first")
+    reload_ok = "inferwatch_exporter_web_config_last_reload_successful"
+
+    def scrape() -> str:
+        response = requests.get(url, auth=auth, timeout=5)
+        assert response.status_code == 200
+        return response.text
+
+    try:
+        wait_until(lambda: status(url) == 401, 60, lambda: proc.log_tail())
+        assert sample_value(scrape(), reload_ok) == 1
+        for refused, text in enumerate(
+            ["", "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"], 1
+        ):
+            web_config.write_text(text)
+            popen.send_signal(signal.SIGHUP)
+            wait_until(lambda n=refused: proc.log_tail().count(KEPT) == n, 10, "the refusal")
+            assert status(url) == 401
+            assert sample_value(scrape(), reload_ok) == 0
+        web_config.write_text(users)
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: sample_value(scrape(), reload_ok) == 1, 10, "a good reload")
+        assert proc.stop() == 0
+    finally:
+        proc.stop()
+    text = log_path.read_text()
+    assert "the file is empty" in text and "turns basic auth off" in text
+    assert "Traceback" not in text
+
+
+def test_30_reloads_under_50_tls_scrapers_answer_every_scrape(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
+        f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n"
+    )
+    port = free_port()
+    url = f"https://localhost:{port}"
+    auth = ("prometheus", "s3cret")
+    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
+    token = base64.b64encode(b"prometheus:s3cret").decode()
+    target = Target(
+        "127.0.0.1",
+        port,
+        tls=ssl.create_default_context(cafile=str(cert)),
+        headers=(("Authorization", f"Basic {token}"),),
+    )
+    with tls_exporter(cmd, url + "/-/ready", cert, auth, tmp_path) as proc:
+        with Load(target, scrapers=50, period=0.2) as load:
+            load.wait_for(100)
+            for _ in range(30):
+                proc.popen.send_signal(signal.SIGHUP)
+                time.sleep(0.2)
+            wait_until(lambda: proc.log_tail(200).count("web configuration reloaded") >= 1, 10, "reloads")
+            time.sleep(1)  # scrapes after the last reload too
+        assert proc.stop() == 0
+    # Every reload kept what bcrypt had said of the unchanged user: no scrape was answered 503.
+    assert load.latencies.errors == [], sorted(set(load.latencies.errors))
+    assert len(load.latencies.seconds) > 500
+
+
+def test_an_empty_web_config_file_at_start_up_exits_2(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("")
+    done = subprocess.run(
+        ["inferwatch-exporter", f"--web.config.file={web_config}"],
+        capture_output=True,
+        text=True,
+        env=_console_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"inferwatch-exporter: --web.config.file {web_config}: the file is empty")
 
 
 def test_sighup_without_a_web_config_changes_nothing(tmp_path: Path) -> None:

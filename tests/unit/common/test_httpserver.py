@@ -156,25 +156,118 @@ def test_a_client_that_never_reads_is_cut_and_its_buffers_freed() -> None:
         assert received < size
 
 
-def test_connections_beyond_the_cap_are_closed_and_the_others_served() -> None:
+def test_clients_that_pipeline_and_never_read_are_cut_at_the_request_limit() -> None:
+    # 50 answers of 16 KB each: more than the kernel holds for a connection that is not read, though
+    # every answer is complete once handed over (what asyncio counts as pending stays small).
+    with serving(Limits(idle_timeout=30, request_timeout=1.0), size=16 * 1024) as thread:
+        lazy = [socket.create_connection(("127.0.0.1", thread.server.port)) for _ in range(20)]
+        try:
+            for sock in lazy:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+            deadline = time.monotonic() + 10
+            while thread.server.connections and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert thread.server.connections == 0  # cut near the 1 s limit, not at the 30 s idle one
+        finally:
+            for sock in lazy:
+                sock.close()
+
+
+def test_at_the_cap_the_connection_that_waited_longest_gives_way_to_a_new_scrape() -> None:
     with serving(Limits(max_connections=3)) as thread:
         port = thread.server.port
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        held = []
+        for _ in range(3):  # silent clients, oldest first
+            held.append(socket.create_connection(("127.0.0.1", port)))
+            time.sleep(0.05)
         try:
             deadline = time.monotonic() + 5
             while thread.server.connections < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            with socket.create_connection(("127.0.0.1", port)) as extra:
-                assert closed_within(extra, 5) < 1
-            held.pop().close()
-            time.sleep(0.1)
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/")
+            assert connection.getresponse().read()
+            assert closed_within(held[0], 5) < 1  # the oldest silent one was cut for it
+            for sock in held[1:]:
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(1)  # still open
+            # A client that got answers keeps its claim: the next newcomer cuts a silent one instead.
+            with socket.create_connection(("127.0.0.1", port)):
+                assert closed_within(held[1], 5) < 1
             connection.request("GET", "/")
             assert connection.getresponse().status == 200
             connection.close()
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_an_answered_request_whose_body_is_still_coming_closes_the_connection() -> None:
+    with (
+        serving(Limits(idle_timeout=30, request_timeout=30)) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port), timeout=5) as sock,
+    ):
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+        assert closed_within(sock, 5) < 1  # answered, then closed: not held to drain a gigabyte
+
+
+def test_a_lone_crlf_does_not_end_the_idle_limit() -> None:
+    with (
+        serving(Limits(idle_timeout=0.5, request_timeout=30)) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port), timeout=5) as sock,
+    ):
+        started = time.monotonic()
+        sock.sendall(b"\r\n")
+        time.sleep(0.2)
+        sock.sendall(b"\r\n")
+        assert closed_within(sock, 5) + (time.monotonic() - started) < 3
+
+
+def test_pipelined_requests_are_answered_in_order_however_many_arrive_at_once() -> None:
+    count = 2000  # 36 KB of heads in one write: parsed a slice at a time, answered one by one
+    with serving() as thread, socket.create_connection(("127.0.0.1", thread.server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+        received = b""
+        while received.count(b"HTTP/1.1 200") < count:
+            chunk = sock.recv(1 << 20)
+            assert chunk, received.count(b"HTTP/1.1 200")
+            received += chunk
+    assert received.count(b"HTTP/1.1 ") == count
+
+
+def test_the_head_limit_counts_the_head_not_the_requests_before_it() -> None:
+    with (
+        serving(Limits(max_head_bytes=4096)) as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port), timeout=10) as sock,
+    ):
+        complete = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 1000  # 28 KB of whole requests
+        sock.sendall(complete + b"GET / HTTP/1.1\r\nHost: x\r\n")  # and a head under way
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 1000:
+            chunk = sock.recv(1 << 20)
+            assert chunk, received[-200:]
+            received += chunk
+        assert b"400" not in received
+        sock.sendall(b"\r\n")  # the head under way was short: answered like the others
+        while received.count(b"HTTP/1.1 200") < 1001:
+            chunk = sock.recv(1 << 20)
+            assert chunk, received[-200:]
+            received += chunk
+
+
+def test_an_upgrade_request_is_answered_as_plain_http_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        caplog.at_level(logging.INFO),
+        serving() as thread,
+        socket.create_connection(("127.0.0.1", thread.server.port), timeout=5) as sock,
+    ):
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        assert closed_within(sock, 5) < 1
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.text
 
 
 def test_an_oversized_head_is_refused() -> None:
@@ -238,6 +331,31 @@ def test_the_cpu_budget_waits_out_what_was_used_beyond_the_share() -> None:
     exhausted, waited = asyncio.run(scenario())
     assert exhausted
     assert 0.05 < waited < 1.0
+
+
+def test_an_urgent_caller_skips_the_queue_and_may_borrow_one_burst() -> None:
+    used = [0.0]  # CPU seconds charged to the budget, by hand: no wall-clock race
+
+    async def scenario() -> list[str]:
+        budget = CpuBudget(share=0.01, burst=0.1, clock=lambda: used[0])
+        assert budget.available()  # the first look: what the clock says from here on is spent
+        order: list[str] = []
+        used[0] = 0.15  # a greedy client spent the burst and half a burst more
+
+        async def greedy() -> None:
+            await budget.acquire()
+            order.append("greedy")
+
+        waiting = asyncio.ensure_future(greedy())
+        await asyncio.sleep(0.01)
+        await budget.acquire(urgent=True)  # 0.05 in debt: within one burst
+        order.append("urgent")
+        used[0] = 0.25  # now 0.15 in debt: an urgent caller waits too
+        assert budget._refilled() < -budget.burst
+        waiting.cancel()
+        return order
+
+    assert asyncio.run(scenario()) == ["urgent"]
 
 
 def test_a_taken_port_is_an_os_error_in_the_callers_thread() -> None:

@@ -22,8 +22,11 @@ Faults during a run, from :func:`command` or one JSON object per line appended t
 ``FAKE_NVML_CONTROL`` (read before every call): ``{"op": "hang", "gpu": 1, "call": "...", "seconds": 30}``,
 ``{"op": "lose", "gpu": 2}``, ``{"op": "recover", "gpu": 2}``, ``{"op": "xid", "gpu": 0, "xid": 79}``,
 ``{"op": "driver_reset"}`` (calls fail as uninitialised until nvmlInit, and every hardware counter
-restarts from zero, as after a driver reload), ``{"op": "mig_slots", "slots": [0]}`` (the MIG devices
-that exist on MIG GPUs from now on, as after a reconfiguration).
+restarts from zero, as after a driver reload; ``"at": UNIX_TIME`` dates it, so that a second process
+reading the same file, a restarted exporter, sees the same driver), ``{"op": "ecc", "count": 3}``
+(corrected ECC errors on every GPU: volatile counts since driver load, aggregate ones for good),
+``{"op": "mig_slots", "slots": [0]}`` (the MIG devices that exist on MIG GPUs from now on, as after a
+reconfiguration). The scenario's ``driver_loaded_at`` (Unix time) dates the driver's first load.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ class _State:
     no_library: bool = False
     initialized: bool = False
     driver_loaded_at: float = field(default_factory=time.time)
+    ecc_volatile: int = 2  # corrected ECC errors since the driver loaded, on every GPU
+    ecc_aggregate: int = 2  # ... and in the GPU's lifetime
     lost: set[int] = field(default_factory=set)
     hangs: dict[tuple[int, str], float] = field(default_factory=dict)  # -> monotonic end
     events: list[tuple[int, int]] = field(default_factory=list)  # (gpu, xid)
@@ -146,8 +151,12 @@ def _apply(cmd: dict[str, Any]) -> None:
         _state.mig_slots = cmd["slots"]
     elif op == "driver_reset":
         _state.initialized = False
-        _state.driver_loaded_at = time.time()
+        _state.driver_loaded_at = cmd.get("at", time.time())
         _state.registered.clear()
+        _state.ecc_volatile = 0
+    elif op == "ecc":
+        _state.ecc_volatile += cmd["count"]
+        _state.ecc_aggregate += cmd["count"]
     else:
         raise ValueError(f"unknown fake NVML command {op!r}")
 
@@ -437,7 +446,9 @@ def nvmlDeviceGetEccMode(handle: _Handle) -> list[int]:
 
 def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: int) -> int:
     _enter(handle, "nvmlDeviceGetTotalEccErrors")
-    return 2 if error_type == 0 else 0
+    if error_type != 0:  # uncorrected
+        return 0
+    return _state.ecc_volatile if counter_type == 0 else _state.ecc_aggregate
 
 
 def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:

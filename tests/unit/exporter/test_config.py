@@ -79,6 +79,13 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
         (["--web.listen-address", "::1:8798"], {}, "in brackets"),
         (["--web.telemetry-path", "/-/ready"], {}, "--web.telemetry-path"),
         (["--gpus", "first"], {}, "--gpus: 'first' is not 'all'"),
+        # Values that cannot be meant: an empty item, a GPU twice, a path no scraper can ask for.
+        ([], {"INFERWATCH_EXPORTER_GPUS": "0,,1"}, "INFERWATCH_EXPORTER_GPUS: '0,,1' .*: an empty item"),
+        (["--gpus=0,0"], {}, "--gpus: '0,0' names 0 more than once"),
+        (["--web.telemetry-path=/a b"], {}, "--web.telemetry-path: '/a b' has characters a URL path"),
+        (["--web.telemetry-path=/m#x"], {}, "--web.telemetry-path: '/m#x' has characters"),
+        ([], {"INFERWATCH_EXPORTER_NVML_MODULE": ""}, "INFERWATCH_EXPORTER_NVML_MODULE: '' is not a module"),
+        ([], {"INFERWATCH_EXPORTER_NVML_MODULE": ".x"}, "INFERWATCH_EXPORTER_NVML_MODULE: '.x' is not"),
         (["--processes.name-pattern", "("], {}, "is not a regular expression"),
         (["--log.level", "loud"], {}, "--log.level"),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_HOST: 'maybe'"),

@@ -167,6 +167,15 @@ def test_a_reload_swaps_users_and_headers_for_the_next_request(serve: Any, alice
     assert running.get("/metrics").status == 200
 
 
+def test_a_reload_with_the_same_users_needs_no_new_password_check(serve: Any) -> None:
+    users = {"alice": bcrypt_hash("right").encode()}
+    running = serve(WebConfig(auth=BasicAuth(users)))
+    assert running.get("/metrics", Authorization=basic("alice", "right")).status == 200
+    reloaded = BasicAuth(users)
+    running.apply(WebConfig(auth=reloaded))
+    assert reloaded.remembered(("alice", b"right"))  # the next scrape skips bcrypt
+
+
 def test_a_taken_port_raises_an_os_error_naming_the_address() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from inferwatch.common.webconfig import BasicAuth, load_web_config
+from inferwatch.common.webconfig import BasicAuth, WebConfig, check_reload, load_web_config
 from inferwatch.exporter.errors import ConfigError
 
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
@@ -70,6 +70,9 @@ def test_tls_and_users_relative_to_the_file(tmp_path: Path, certificate: tuple[P
         ("http_server_config:\n  http3: true\n", "unknown key.*http3"),
         ("basic_auth_users: [alice]\n", "must map user names"),
         ("tls_server_config: [\n", "web.yml"),
+        # A ConfigMap briefly empty while it is updated: never "no TLS, no auth".
+        ("", "the file is empty"),
+        ("# only a comment\n", "the file is empty"),
     ],
 )
 def test_unusable_files_are_usage_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -133,3 +136,37 @@ def test_basic_auth_scheme_is_case_insensitive_and_long_passwords_are_no() -> No
     # bcrypt reads 72 bytes: a longer password is refused, never truncated, never an exception.
     assert not auth.check(basic("alice", "right" + "x" * 100))
     assert not auth.check(basic("alice", "é" * 40))
+
+
+def test_a_reload_that_turns_tls_auth_or_client_certificates_off_is_refused(
+    tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    tls = f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+    mutual = tls + f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {cert}\n"
+    users = f"basic_auth_users:\n  alice: '{bcrypt_hash('right')}'\n"
+    headers = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+    cases = [
+        (tls + users, headers, "turns TLS and basic auth off"),
+        (tls + users, users, "turns TLS off"),
+        (tls + users, tls, "turns basic auth off"),
+        (mutual, tls, "turns the client-certificate requirement off"),
+    ]
+    for before, after, message in cases:
+        previous, new = load_web_config(write(tmp_path, before)), load_web_config(write(tmp_path, after))
+        with pytest.raises(ConfigError, match=message):
+            check_reload(previous, new, "web.yml")
+    # Anything that keeps them on, or turns them on, is a reload.
+    for before, after in [(tls + users, tls + users + headers), (users, tls + users), (headers, users)]:
+        check_reload(load_web_config(write(tmp_path, before)), load_web_config(write(tmp_path, after)), "x")
+    check_reload(WebConfig(), WebConfig(), "x")
+
+
+def test_a_reload_keeps_remembered_credentials_of_users_whose_hash_did_not_change() -> None:
+    alice, bob = bcrypt_hash("right").encode(), bcrypt_hash("other").encode()
+    previous = BasicAuth({"alice": alice, "bob": bob})
+    assert previous.verify(("alice", b"right")) and previous.verify(("bob", b"other"))
+    new = BasicAuth({"alice": alice, "bob": bcrypt_hash("other").encode()})  # bob's hash is a new one
+    new.keep_remembered(previous)
+    assert new.remembered(("alice", b"right"))
+    assert not new.remembered(("bob", b"other"))
