@@ -261,10 +261,9 @@ def render(diagnosis: Diagnosis, heading: str) -> None:
         console.print("\n[green]Nothing alarming.[/]")
 
 
-def _add_profile(diagnosis: Diagnosis, args: argparse.Namespace) -> None:
+def _add_profile(diagnosis: Diagnosis, client: ProfileClient, args: argparse.Namespace) -> None:
     """``--profile``: a capture's verdict and the OOM evidence files of the serving process, as findings;
     a capture that cannot be taken is reported as not assessed."""
-    client = ProfileClient(args.profile, args.timeout, auth_headers(args.profile_user))
     try:
         profiled = client.capture(args.profile_steps, 10.0, args.profile_out)
         diagnosis.findings = with_oom_evidence(diagnosis.findings, client.oom_state(), args.profile)
@@ -280,6 +279,9 @@ def _add_profile(diagnosis: Diagnosis, args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    profile = None  # checked before anything is scraped: a bad URL is a usage error
+    if args.profile:
+        profile = ProfileClient(args.profile, args.timeout, auth_headers(args.profile_user))
     try:
         limits = Thresholds.from_alerts(load_config(args.alerts_config))
     except AlertsConfigError as exc:
@@ -301,8 +303,8 @@ def main(args: argparse.Namespace) -> int:
     except (PrometheusError, NoDataError) as exc:
         print(f"inferwatch diagnose: {exc}", file=sys.stderr)
         return EXIT_NO_DATA
-    if args.profile:
-        _add_profile(diagnosis, args)
+    if profile is not None:
+        _add_profile(diagnosis, profile, args)
     if args.json:
         json.dump({"source": source.describe(), **diagnosis.to_dict()}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -28,6 +28,7 @@ from .checks.findings import Evidence, Finding, Severity
 from .errors import ConfigError
 from .http import FetchError, Response, fetch
 from .profile_summary import VERDICT_ITEMS, Summary, load_trace, render_text, summarize
+from .scrape import normalize_url
 
 EXIT_FAILED = 1
 EXIT_UNREACHABLE = 3
@@ -68,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _base(url: str) -> str:
-    if "://" not in url:
-        url = f"http://{url}"
-    return url.rstrip("/").removesuffix("/metrics")
+    """The endpoint's base URL (``HOST:PORT``, a base URL or a metrics URL accepted); ConfigError for
+    anything that is not an http(s) URL."""
+    return normalize_url(url).removesuffix("/metrics")
 
 
 def auth_headers(user: str | None) -> dict[str, str]:
