@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "top": ("inferwatch.monitor.top", "live terminal view of inferwatch endpoints"),
     "diagnose": ("inferwatch.monitor.diagnose", "apply the bottleneck matrix to live metrics"),
+    "profile": ("inferwatch.monitor.profile", "profile the next forward steps of a serving process"),
     "bench": ("inferwatch.bench.bench", "benchmark a model: TTFT, per-token latency, tokens/s"),
     "compare": ("inferwatch.bench.compare", "regression-test a candidate model against a baseline"),
     "dashboards": ("inferwatch.dashboards.cli", "export the bundled Grafana dashboards"),

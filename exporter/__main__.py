@@ -13,13 +13,14 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from inferwatch.common.webconfig import check_reload, load_web_config
+
 from .config import ENV_PREFIX, PROG, ExporterConfig, parse_config
 from .errors import ConfigError, ListenError
 from .exposition import Exposition
 from .nvml import load_binding
 from .poller import Poller
 from .server import ExporterServer
-from .webconfig import check_reload, load_web_config
 
 log = logging.getLogger("inferwatch.exporter")
 

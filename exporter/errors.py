@@ -7,9 +7,10 @@ in one line and exits with status 2.
 
 from __future__ import annotations
 
+# One class for a bad flag and a bad web config file (which the instrumentation endpoint reads too).
+from inferwatch.common.webconfig import ConfigError
 
-class ConfigError(ValueError):
-    """A flag, environment variable or web configuration file is unusable; the message names it."""
+__all__ = ["ConfigError", "ListenError"]
 
 
 class ListenError(OSError):

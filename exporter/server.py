@@ -27,10 +27,10 @@ from inferwatch.common.httpserver import (
     respond,
 )
 from inferwatch.common.lograte import RateLimit
+from inferwatch.common.webconfig import BasicAuth, Credentials, WebConfig
 
 from .errors import ListenError
 from .exposition import Exposition
-from .webconfig import BasicAuth, Credentials, WebConfig
 
 log = logging.getLogger(__name__)
 http_log = logging.getLogger(__name__ + ".http")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
+from inferwatch.common.authgate import guarded
 from inferwatch.common.httpserver import (
     CpuBudget,
     HttpServer,
@@ -53,6 +54,8 @@ from inferwatch.common.httpserver import (
 )
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
+from inferwatch.common.webconfig import load_web_config
+from inferwatch.instrumentation.profiling_http import DebugApp, with_debug_routes
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -76,6 +79,8 @@ __all__ = [
 
 #: prometheus_client reads this variable when it is imported: it must be set before the first import.
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The web config (TLS, basic auth, headers) of :func:`start_http_server`'s endpoint.
+WEB_CONFIG_ENV = "INFERWATCH_WEB_CONFIG_FILE"
 
 #: Not 8000 (vLLM, Triton, ``transformers serve``, uvicorn/FastAPI) nor any port of Prometheus' default
 #: port allocations: ``inferwatch run -- SERVER`` must not collide with the server it launches
@@ -420,11 +425,12 @@ class MetricsServer:
     address: str
     port: int
     _thread: ServerThread = field(repr=False)
+    tls: bool = False
 
     @property
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}/metrics"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop serving and release the port; safe to call more than once."""
@@ -451,10 +457,12 @@ def start_http_server(
 
     ``port=0`` picks a free port (read it back from ``.port`` / ``.url``). Raises :class:`PortInUseError`
     when the port is taken, :class:`ListenError` when the address cannot be listened on, and ValueError
-    for a port out of range.
+    for a port out of range or an unusable web config (``INFERWATCH_WEB_CONFIG_FILE``: TLS, basic auth
+    and headers in the exporter-toolkit's format, as the exporter's ``--web.config.file``).
     """
     validate_port(port)
     registry = registry if registry is not None else serving_registry()
+    web = load_web_config(os.environ.get(WEB_CONFIG_ENV, ""))
     try:
         sock = bind(addr, port, Limits().backlog)
     except OSError as exc:
@@ -463,7 +471,12 @@ def start_http_server(
                 exc.errno, f"cannot serve metrics on {addr}:{port}: the address is already in use"
             ) from exc
         raise ListenError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
-    app = _EndpointApp(registry)
-    thread = ServerThread(HttpServer(app, sock, log), name="inferwatch-http")
+    # Paths under /debug/ are the on-demand profiles' (docs/profiling.md), refused unless enabled; the
+    # web config's TLS, basic auth and headers cover every path.
+    app = with_debug_routes(_EndpointApp(registry), DebugApp(multiprocess=multiprocess_dir() is not None))
+    server = HttpServer(guarded(app, web), sock, log, ssl_context=web.ssl_context)
+    thread = ServerThread(server, name="inferwatch-http")
     thread.start()
-    return MetricsServer(address=addr, port=thread.server.port, _thread=thread)
+    return MetricsServer(
+        address=addr, port=thread.server.port, _thread=thread, tls=web.ssl_context is not None
+    )

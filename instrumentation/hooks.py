@@ -54,6 +54,7 @@ from inferwatch.instrumentation.hardware import (
 from inferwatch.instrumentation.kvcache import KVCacheSize, measure, output_cache
 from inferwatch.instrumentation.nvml import NvmlPoller
 from inferwatch.instrumentation.pollers import CudaAllocatorPoller, ModelPoller
+from inferwatch.instrumentation.profiling import CAPTURES
 from inferwatch.instrumentation.request import (
     CURRENT_REQUEST,
     RUN_DRAIN_MARKS,
@@ -359,6 +360,8 @@ class ModelInstrumentation:
         try:
             placement = self.placement
             tensor = _input_tensor(args, kwargs)
+            if CAPTURES.armed:  # an on-demand profile (profiling.py): one attribute read otherwise
+                CAPTURES.boundary(tensor is not None and tensor.shape[1] > 1)
             if tensor is not None and tensor.device != placement.device:
                 self.follow()
                 placement = self.placement
@@ -450,11 +453,15 @@ class ModelInstrumentation:
             try:
                 output = original(*args, **kwargs)
             except BaseException as exc:
+                if CAPTURES.armed:
+                    CAPTURES.generate_ended()
                 CURRENT_REQUEST.reset(token)
                 if request.hooks_hidden:
                     self._show_hooks(self.model_ref())
                 self._fail(request, exc)
                 raise
+            if CAPTURES.armed:
+                CAPTURES.generate_ended()
             CURRENT_REQUEST.reset(token)
             if request.hooks_hidden:
                 self._show_hooks(self.model_ref())
@@ -494,6 +501,8 @@ class ModelInstrumentation:
                 return output
             # The hot path of a settled decode step: a mark before, a mark after, nothing else. The forward
             # hooks stand aside for a request with a run (should they be in, see _hide_hooks).
+            if CAPTURES.armed:
+                CAPTURES.boundary(False)
             mark = run.mark
             try:
                 start = mark()

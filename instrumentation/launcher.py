@@ -24,15 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferwatch.common.webconfig import load_web_config
 from inferwatch.instrumentation.config import ENV_PREFIX, ConfigError, InstrumentConfig
 from inferwatch.instrumentation.exposition import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
     MULTIPROC_DIR_ENV,
+    WEB_CONFIG_ENV,
     ListenError,
     PortInUseError,
     validate_port,
 )
+from inferwatch.instrumentation.profiling import ProfileConfig
 
 PORT_ENV = "INFERWATCH_PORT"
 ADDRESS_ENV = "INFERWATCH_ADDR"
@@ -196,6 +199,15 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> La
     )
 
 
+def check_endpoint_environment(environ: Mapping[str, str]) -> None:
+    """ConfigError for a web config or profiling variable the program's endpoint could not start with."""
+    try:
+        ProfileConfig.from_env(environ)
+        load_web_config(environ.get(WEB_CONFIG_ENV, ""))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_port_free(address: str, port: int) -> None:
     """Fail before the program starts when the endpoint could not listen.
 
@@ -260,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no program given: inferwatch run [OPTIONS] -- PROGRAM [ARGS...]")
     settings = resolve_settings(args, os.environ)
     config_env = _instrument_config_environment(args, os.environ)
+    check_endpoint_environment(os.environ)
     if settings.serve:
         try:
             check_port_free(settings.address, settings.port)

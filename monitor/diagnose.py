@@ -35,6 +35,7 @@ from inferwatch.monitor.prometheus import PrometheusClient, PrometheusError
 from inferwatch.monitor.scrape import Snapshot, normalize_url, scrape_round
 
 from .errors import ConfigError
+from .profile import ProfileClient, ProfileError, auth_headers, profile_findings, with_oom_evidence
 
 EXIT_FINDINGS = 1
 EXIT_NO_DATA = 3
@@ -173,6 +174,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="judge by the thresholds of this alert configuration, merged over the defaults as "
         "`inferwatch alerts render --config FILE` does (default: the bundled alerts/config.yaml)",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="URL",
+        help="also profile the serving process of this instrumentation endpoint (started with "
+        "INFERWATCH_PROFILE=1): the capture's verdict, and the files of OOMs it caught, join the findings",
+    )
+    parser.add_argument(
+        "--profile-steps", type=int, default=20, metavar="N", help="--profile: forward steps (default 20)"
+    )
+    parser.add_argument(
+        "--profile-out", type=Path, default=Path("."), metavar="DIR", help="--profile: where the trace goes"
+    )
+    parser.add_argument(
+        "--profile-user", metavar="USER", help="--profile: basic-auth user (password in $INFERWATCH_PASSWORD)"
+    )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
 
@@ -245,7 +261,27 @@ def render(diagnosis: Diagnosis, heading: str) -> None:
         console.print("\n[green]Nothing alarming.[/]")
 
 
+def _add_profile(diagnosis: Diagnosis, client: ProfileClient, args: argparse.Namespace) -> None:
+    """``--profile``: a capture's verdict and the OOM evidence files of the serving process, as findings;
+    a capture that cannot be taken is reported as not assessed."""
+    try:
+        profiled = client.capture(args.profile_steps, 10.0, args.profile_out)
+        diagnosis.findings = with_oom_evidence(diagnosis.findings, client.oom_state(), args.profile)
+    except ProfileError as exc:
+        diagnosis.not_assessed["profile"] = str(exc)
+        return
+    found = profile_findings(profiled, args.profile)
+    if found:
+        diagnosis.findings.extend(found)
+    else:
+        diagnosis.not_assessed["profile"] = profiled.summary.why
+    diagnosis.findings.sort(key=lambda f: -f.severity)
+
+
 def main(args: argparse.Namespace) -> int:
+    profile = None  # checked before anything is scraped: a bad URL is a usage error
+    if args.profile:
+        profile = ProfileClient(args.profile, args.timeout, auth_headers(args.profile_user))
     try:
         limits = Thresholds.from_alerts(load_config(args.alerts_config))
     except AlertsConfigError as exc:
@@ -267,6 +303,8 @@ def main(args: argparse.Namespace) -> int:
     except (PrometheusError, NoDataError) as exc:
         print(f"inferwatch diagnose: {exc}", file=sys.stderr)
         return EXIT_NO_DATA
+    if profile is not None:
+        _add_profile(diagnosis, profile, args)
     if args.json:
         json.dump({"source": source.describe(), **diagnosis.to_dict()}, sys.stdout, indent=2)
         sys.stdout.write("\n")

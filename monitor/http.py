@@ -1,10 +1,11 @@
-"""HTTP GET with the standard library, failures reduced to one readable line ("connection failed:
+"""HTTP requests with the standard library, failures reduced to one readable line ("connection failed:
 Connection refused"). No third-party client: ``top --json`` and ``diagnose --json`` then run wherever
 Python does, the GPU machines with nothing but torch included."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,14 +34,19 @@ def fetch(
     *,
     params: Mapping[str, str] | None = None,
     accept: str | None = None,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> Response:
-    """GET ``url``. Network failures raise :class:`FetchError`; HTTP error statuses are returned, since
-    some (the Prometheus API's 400 for a bad query) carry an explanation in their body."""
+    """``method`` (GET by default) ``url``. Network failures raise :class:`FetchError`; HTTP error statuses
+    are returned, since some (the Prometheus API's 400 for a bad query) carry an explanation in their
+    body. ``context`` is the TLS context of an ``https`` URL (default: the system's CAs)."""
     if params:
         url = f"{url}?{urllib.parse.urlencode(params)}"
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    fields = {**(headers or {}), **({"Accept": accept} if accept else {})}
+    request = urllib.request.Request(url, headers=fields, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
             return Response(answer.status, answer.reason, answer.read())
     except urllib.error.HTTPError as error:
         with error:

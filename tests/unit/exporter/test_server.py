@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from inferwatch.common.httpserver import ServerThread
+from inferwatch.common.webconfig import BasicAuth, WebConfig
 from inferwatch.exporter.errors import ListenError
 from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.server import ExporterServer
-from inferwatch.exporter.webconfig import BasicAuth, WebConfig
 
 from tests.support import sample_value
 from tests.unit.exporter.certs import bcrypt_hash

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from inferwatch.common.webconfig import BasicAuth, WebConfig, check_reload, load_web_config
 from inferwatch.exporter.errors import ConfigError
-from inferwatch.exporter.webconfig import BasicAuth, WebConfig, check_reload, load_web_config
 
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
@@ -93,7 +93,7 @@ def test_node_exporter_keys_inferwatch_lacks_are_ignored_with_a_warning(
         "    Strict-Transport-Security: max-age=31536000\n    Content-Security-Policy: ''\n"
         "rate_limit:\n  interval: 1s\n  burst: 10\n"
     )
-    with caplog.at_level(logging.WARNING, logger="inferwatch.exporter.webconfig"):
+    with caplog.at_level(logging.WARNING, logger="inferwatch.common.webconfig"):
         config = load_web_config(write(tmp_path, text))
     assert config.ssl_context is not None
     assert config.headers == (

@@ -20,7 +20,8 @@ what is already safe (``cipher_suites``, ``prefer_server_cipher_suites``, ``curv
 whose absence would let in a client the file means to keep out, or leave TLS without a certificate
 (``client_allowed_sans``, inline ``cert``/``key``/``client_ca``, the client-auth types Python's TLS
 cannot express), are refused. Any other key is a misspelling and refused too: it must not silently turn
-TLS off. Every refusal is a :class:`.errors.ConfigError`.
+TLS off. Every refusal is a :class:`ConfigError`. Both endpoints take this file: the exporter's
+``--web.config.file`` and the instrumentation endpoint's ``INFERWATCH_WEB_CONFIG_FILE``.
 
 An empty file is refused too: a ConfigMap is briefly empty while it is updated, and "no TLS, no auth"
 is never what such a file means. A file that would serve with less than the one in use (TLS off, basic
@@ -45,8 +46,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,10 @@ _BCRYPT_HASH = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 _BCRYPT_MAX_PASSWORD = 72
 
 Credentials = tuple[str, bytes]
+
+
+class ConfigError(ValueError):
+    """A flag, environment variable or web configuration file is unusable; the message names it."""
 
 
 class BasicAuth:
@@ -163,7 +166,7 @@ class WebConfig:
 
 
 def load_web_config(path: str) -> WebConfig:
-    """Read and check the file; raises :class:`.errors.ConfigError` with the reason if unusable. Keys
+    """Read and check the file; raises :class:`ConfigError` with the reason if unusable. Keys
     that are ignored are logged as warnings."""
     if not path:
         return WebConfig()
@@ -186,7 +189,7 @@ def load_web_config(path: str) -> WebConfig:
 
 
 def check_reload(previous: WebConfig, new: WebConfig, path: str) -> None:
-    """Raise :class:`.errors.ConfigError` if serving ``new`` instead of ``previous`` would turn TLS, basic
+    """Raise :class:`ConfigError` if serving ``new`` instead of ``previous`` would turn TLS, basic
     auth or a client-certificate requirement off; the message names each."""
     lost = []
     before, after = previous.ssl_context, new.ssl_context
@@ -242,9 +245,7 @@ def _users(users: Any) -> dict[str, bytes]:
     try:
         import bcrypt
     except ImportError:
-        raise ValueError(
-            "basic_auth_users needs the bcrypt package (pip install 'inferwatch[exporter]')"
-        ) from None
+        raise ValueError("basic_auth_users needs the bcrypt package (pip install bcrypt)") from None
     out = {}
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed):
