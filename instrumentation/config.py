@@ -12,9 +12,11 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ENV_PREFIX = "INFERWATCH_"
 
@@ -130,20 +132,7 @@ class InstrumentConfig:
         ``1/0/true/false/yes/no/on/off``, and ``INFERWATCH_PEAK_FLOPS=`` (empty) means "unknown". A bad
         value raises ``ValueError`` naming the variable.
         """
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            variable = ENV_PREFIX + field.name.upper()
-            raw = environ.get(variable)
-            if raw is None:
-                continue
-            try:
-                values[field.name] = _parse_field(field.name, raw.strip())
-                # Validate each variable on its own so the message names the variable that is wrong.
-                cls(**{field.name: values[field.name]})
-            except ValueError as exc:
-                raise ValueError(f"{variable}={raw!r}: {exc}") from None
-        return cls(**values)
+        return from_variables(cls, environ, lambda name: ENV_PREFIX + name.upper(), _parse_field)
 
     @staticmethod
     def environment_variables() -> list[str]:
@@ -151,18 +140,47 @@ class InstrumentConfig:
         return [ENV_PREFIX + field.name.upper() for field in dataclasses.fields(InstrumentConfig)]
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+def from_variables(
+    cls: type[T],
+    environ: Mapping[str, str] | None,
+    variable: Callable[[str], str],
+    parse: Callable[[str, str], Any],
+    empty_is_unset: bool = False,
+) -> T:
+    """A dataclass of configuration from environment variables: field ``name`` from ``variable(name)``,
+    its stripped text turned into a value by ``parse(name, text)``; unset variables (and, with
+    ``empty_is_unset``, empty ones) keep their defaults. A bad value raises ``ValueError`` naming the
+    variable: each is validated on its own (the dataclass checks its fields as it is built)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = variable(field.name)
+        raw = environ.get(name)
+        if raw is None or (empty_is_unset and not raw.strip()):
+            continue
+        try:
+            values[field.name] = parse(field.name, raw.strip())
+            cls(**{field.name: values[field.name]})
+        except ValueError as exc:
+            raise ValueError(f"{name}={raw!r}: {exc}") from None
+    return cls(**values)
+
+
+def parse_bool(raw: str) -> bool:
+    """A boolean variable's value: 1/0, true/false, yes/no or on/off."""
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
 
 
 def _parse_field(name: str, raw: str) -> Any:
     if name.endswith("_buckets"):
         return tuple(_number(part) for part in raw.split(",") if part.strip())
     if name == "enable_nvml":
-        lowered = raw.lower()
-        if lowered in _TRUE | _FALSE:
-            return lowered in _TRUE
-        raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+        return parse_bool(raw)
     if name in ("peak_memory_bandwidth_bytes_per_second", "peak_flops") and raw == "":
         return None
     return _number(raw)

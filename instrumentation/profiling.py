@@ -20,7 +20,6 @@ files kept on disk (:class:`ProfileConfig`); file names are made here, never tak
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gzip
 import logging
 import math
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from inferwatch.common.lograte import RateLimit
+from inferwatch.instrumentation.config import from_variables, parse_bool
 
 from .memory_evidence import MEMORY, cuda_ready
 from .profile_files import FILE_PREFIX, prune
@@ -62,8 +62,6 @@ _VARIABLES = {
     "memory_max_entries": f"{ENV_PREFIX}_MEMORY_MAX_ENTRIES",
     "oom_arm_max_seconds": f"{ENV_PREFIX}_OOM_ARM_MAX_SECONDS",
 }
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -113,26 +111,12 @@ class ProfileConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProfileConfig:
         """The configuration from the environment; a bad value raises ValueError naming the variable."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            variable = cls.variable(f.name)
-            raw = environ.get(variable)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                values[f.name] = _parse(f.name, raw.strip())
-                cls(**{f.name: values[f.name]})
-            except ValueError as exc:
-                raise ValueError(f"{variable}={raw!r}: {exc}") from None
-        return cls(**values)
+        return from_variables(cls, environ, cls.variable, _parse, empty_is_unset=True)
 
 
 def _parse(name: str, raw: str) -> Any:
     if name == "enabled":
-        if raw.lower() not in _TRUE | _FALSE:
-            raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
-        return raw.lower() in _TRUE
+        return parse_bool(raw)
     if name == "directory":
         return raw
     try:
