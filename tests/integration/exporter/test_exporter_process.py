@@ -549,48 +549,6 @@ def test_stop_signals_under_200_connections_exit_0_within_a_second_and_free_the_
             socket.create_server((host, int(port))).close()  # the port is free at once
 
 
-def test_sighup_reloads_the_web_config_and_a_broken_file_keeps_the_last_good_one(tmp_path: Path) -> None:
-    web_config = tmp_path / "web.yml"
-    web_config.write_text(f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
-    log_path = tmp_path / "exporter.log"
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=_console_env(), start_new_session=True
-        )
-    proc = RunningProcess(popen, log_path, url)
-    try:
-
-        def status(user: str, password: str) -> int:
-            try:
-                return requests.get(url + "/metrics", auth=(user, password), timeout=5).status_code
-            except requests.RequestException:
-                return 0
-
-        wait_until(lambda: status("alice", "first") == 200, 60, lambda: proc.log_tail())
-        web_config.write_text(
-            f"basic_auth_users:\n  bob: '{bcrypt_hash('second')}'\n"
-            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
-        )
-        popen.send_signal(signal.SIGHUP)
-        wait_until(lambda: status("bob", "second") == 200, 10, lambda: proc.log_tail())
-        assert status("alice", "first") == 401
-        assert requests.get(url + "/", auth=("bob", "second"), timeout=5).headers["X-Frame-Options"] == "deny"
-
-        web_config.write_text("basic_auth_users:\n  carol: not-a-hash\n")
-        popen.send_signal(signal.SIGHUP)
-        wait_until(lambda: "keeping the previous web configuration" in proc.log_tail(), 10, "the error")
-        assert status("bob", "second") == 200 and popen.poll() is None
-        assert proc.stop() == 0
-    finally:
-        proc.stop()
-    lines = log_path.read_text().splitlines()
-    assert any("SIGHUP: web configuration reloaded" in line for line in lines)
-    assert not any("Traceback" in line for line in lines)
-
-
 KEPT = "keeping the previous web configuration"
 
 
@@ -602,19 +560,54 @@ def status(url: str, auth: tuple[str, str] | None = None) -> int:
         return 0
 
 
-def test_an_empty_or_weaker_file_on_sighup_keeps_auth_and_says_so_in_a_metric(tmp_path: Path) -> None:
-    web_config = tmp_path / "web.yml"
-    users = f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n"
-    web_config.write_text(users)
+def exporter_with_web_config(tmp_path: Path, web_config: Path) -> tuple[RunningProcess, str]:
+    """The exporter on a free port serving plain HTTP with ``web_config``, logging to
+    ``tmp_path/exporter.log``, started without waiting: (the process, its base URL)."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
+    url = f"http://127.0.0.1:{port}"
     cmd = ["inferwatch-exporter", f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_config}"]
     log_path = tmp_path / "exporter.log"
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=_console_env(), start_new_session=True
         )
-    proc = RunningProcess(popen, log_path, url)
+    return RunningProcess(popen, log_path, url), url
+
+
+def test_sighup_reloads_the_web_config_and_a_broken_file_keeps_the_last_good_one(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n")
+    proc, url = exporter_with_web_config(tmp_path, web_config)
+    popen, log_path, metrics = proc.popen, proc.log_path, url + "/metrics"
+    try:
+        wait_until(lambda: status(metrics, ("alice", "first")) == 200, 60, lambda: proc.log_tail())
+        web_config.write_text(
+            f"basic_auth_users:\n  bob: '{bcrypt_hash('second')}'\n"
+            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+        )
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: status(metrics, ("bob", "second")) == 200, 10, lambda: proc.log_tail())
+        assert status(metrics, ("alice", "first")) == 401
+        assert requests.get(url + "/", auth=("bob", "second"), timeout=5).headers["X-Frame-Options"] == "deny"
+
+        web_config.write_text("basic_auth_users:\n  carol: not-a-hash\n")
+        popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: "keeping the previous web configuration" in proc.log_tail(), 10, "the error")
+        assert status(metrics, ("bob", "second")) == 200 and popen.poll() is None
+        assert proc.stop() == 0
+    finally:
+        proc.stop()
+    lines = log_path.read_text().splitlines()
+    assert any("SIGHUP: web configuration reloaded" in line for line in lines)
+    assert not any("Traceback" in line for line in lines)
+
+
+def test_an_empty_or_weaker_file_on_sighup_keeps_auth_and_says_so_in_a_metric(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    users = f"basic_auth_users:\n  alice: '{bcrypt_hash('first')}'\n"
+    web_config.write_text(users)
+    proc, base = exporter_with_web_config(tmp_path, web_config)
+    popen, log_path, url = proc.popen, proc.log_path, base + "/metrics"
     auth = ("alice", "first")
     reload_ok = "inferwatch_exporter_web_config_last_reload_successful"
 
