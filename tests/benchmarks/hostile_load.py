@@ -177,55 +177,54 @@ def closed_summary(closed: list[float], count: int) -> dict[str, Any]:
     }
 
 
+def held(
+    pid: int,
+    probe: Target,
+    attacker: Target,
+    seconds: float,
+    payload: bytes,
+    read: bool,
+    count: int,
+    key: str,
+    cafile: str = "",
+) -> dict[str, Any]:
+    """``count`` connections to ``attacker``, each sending ``payload`` (and reading what comes back when
+    ``read``), held beside the probe on ``probe``: the attack's figures, with how the server closed them
+    under ``key``."""
+    closed: list[float] = []
+    result = load.run(
+        lambda: attack(
+            pid,
+            probe,
+            seconds,
+            lambda u: [hold(attacker, payload, u, read, closed) for _ in range(count)],
+            cafile,
+        )
+    )
+    return {**result, key: closed_summary(closed, count)}
+
+
 def slow_body(seconds: float) -> dict[str, Any]:
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n"
-    closed: list[float] = []
     with exporter() as (port, popen):
         target = Target("127.0.0.1", port)
-        result = load.run(
-            lambda: attack(
-                popen.pid,
-                target,
-                seconds,
-                lambda u: [hold(target, head, u, True, closed) for _ in range(1030)],
-            )
-        )
-    return {**result, "slow": closed_summary(closed, 1030)}
+        return held(popen.pid, target, target, seconds, head, True, 1030, "slow")
 
 
 def half_open_tls(seconds: float, workdir: Path) -> dict[str, Any]:
     cert, key = self_signed_certificate(workdir)
     web = workdir / "tls.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    closed: list[float] = []
     with exporter(f"--web.config.file={web}") as (port, popen):
         plain = Target("127.0.0.1", port)  # no ClientHello is ever sent
         probe = Target("127.0.0.1", port, tls=ssl.create_default_context(cafile=str(cert)))
-        result = load.run(
-            lambda: attack(
-                popen.pid,
-                probe,
-                seconds,
-                lambda u: [hold(plain, b"", u, True, closed) for _ in range(1000)],
-                str(cert),
-            )
-        )
-    return {**result, "half_open": closed_summary(closed, 1000)}
+        return held(popen.pid, probe, plain, seconds, b"", True, 1000, "half_open", str(cert))
 
 
 def pipelined(seconds: float, connections: int, payload: bytes, read: bool) -> dict[str, Any]:
-    closed: list[float] = []
     with exporter() as (port, popen):
         target = Target("127.0.0.1", port)
-        result = load.run(
-            lambda: attack(
-                popen.pid,
-                target,
-                seconds,
-                lambda u: [hold(target, payload, u, read, closed) for _ in range(connections)],
-            )
-        )
-    return {**result, "attackers": closed_summary(closed, connections)}
+        return held(popen.pid, target, target, seconds, payload, read, connections, "attackers")
 
 
 def reload(seconds: float, workdir: Path) -> dict[str, Any]:
