@@ -145,6 +145,14 @@ class Footprint:
     #: the rows of its tokens (unless the table is shared with the output projection).
     decode_read_bytes: int
 
+    def decode_bytes(self, kv_bytes: float) -> float:
+        """Bytes a decode step reads: the weights and the whole KV cache of ``kv_bytes``."""
+        return self.decode_read_bytes + kv_bytes
+
+    def prefill_flops(self, tokens: int) -> float:
+        """FLOPs a prefill of ``tokens`` prompt tokens (all sequences) computes."""
+        return 2.0 * self.matmul_count * tokens
+
 
 def parameter_footprint(model: torch.nn.Module) -> Footprint:
     count = size = 0

@@ -1,4 +1,4 @@
-"""Periodic readings on the sampler thread: allocator memory of a device, and a model's windows.
+"""Periodic readings on the background thread: allocator memory of a device, and a model's windows.
 
 None of these calls launches device work or synchronizes: ``torch.cuda.memory_stats`` reads the caching
 allocator's host-side counters, ``torch.cuda.mem_get_info`` asks the driver for free memory.

@@ -1,12 +1,13 @@
-"""A request's timeline: marks recorded in the hot path, turned into observations once the device is done.
+"""A generate call's or tracked request's marks: recorded in the hot path, resolved once the device is done.
 
-Hooks only *record* (a CUDA event or a host reading, plus shapes). Observations are made when a mark
-is known to be complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps
-are pending (generate's loop has synchronized by then), at the request's exit, or on the background
-sampler if the device is still busy. A drain observes its steps together (:class:`Observations`): one
-histogram update per bucket touched rather than one per value.
+Hooks only *record* (a CUDA event or a host reading, plus shapes). Marks are resolved when known to be
+complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps are pending
+(generate's loop has synchronized by then), at the request's exit, or on the background thread if the
+device is still busy; what the resolved times mean is the request's
+:class:`~inferwatch.instrumentation.timeline.TokenTimeline`. A drain observes its steps together
+(:class:`Observations`): one histogram update per bucket touched rather than one per value.
 Everything here runs in one thread at a time: the serving thread while the request runs, then the
-sampler if the request was handed over (:meth:`Request.complete` returned False).
+background thread if the request was handed over (:meth:`Request.resolve` returned False).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from inferwatch.instrumentation.series import ModelSeries, Observations
+from inferwatch.instrumentation.timeline import AnchorMapping, TokenTimeline
 from inferwatch.instrumentation.tokens import LiveTokens
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
@@ -86,13 +88,14 @@ class Step:
         "device",
         "end",
         "end_host",
+        "flops",
         "phase",
         "processed",
+        "read_bytes",
         "series",
         "start",
         "start_host",
         "tokens",
-        "work",
     )
 
     def __init__(
@@ -104,9 +107,10 @@ class Step:
         start: Any,
         end: Any,
         tokens: int,
-        work: float,
         start_host: float | None,
         end_host: float,
+        read_bytes: float = 0.0,
+        flops: float = 0.0,
         batch: int = 0,
         processed: int = 0,
     ) -> None:
@@ -116,9 +120,10 @@ class Step:
         self.start = start
         self.end = end
         self.tokens = tokens  # tokens per sequence that were ready at `end`
-        self.work = work  # decode: bytes the step read; prefill: FLOPs it computed
+        self.read_bytes = read_bytes  # a decode step: what it read (Footprint.decode_bytes)
+        self.flops = flops  # a prefill: what it computed (Footprint.prefill_flops)
         # perf_counter read just before the marks were recorded: the device cannot reach a mark before
-        # the host enqueued it, a bound Request uses to check its anchor.
+        # the host enqueued it, a bound the request's AnchorMapping takes.
         self.start_host = start_host
         self.end_host = end_host
         self.batch = batch  # sequences in the forward; 0 when its input had no batch dimension
@@ -129,7 +134,7 @@ class Step:
         flushed)."""
         seconds = clock.elapsed(self.start, self.end)
         series = self.series
-        observations.forward(series, self.device, self.phase, seconds, self.work)
+        observations.forward(series, self.device, self.phase, seconds, self.read_bytes, self.flops)
         if self.batch:
             observations.observe(series.batch_size, self.batch)
         if self.phase == "prefill":
@@ -146,18 +151,23 @@ class DecodeRun:
     recorded before the run began). Its tokens count at each step's end mark: no mark after sampling
     (docs/timing.md, "The compiled decode step")."""
 
-    __slots__ = ("batch", "device", "mark", "marks", "work")
+    __slots__ = ("batch", "device", "mark", "marks", "read_bytes")
 
-    def __init__(self, clock: Clock, device: str, batch: int, work: float) -> None:
+    def __init__(self, clock: Clock, device: str, batch: int, read_bytes: float) -> None:
         self.mark = clock.marker()  # on the stream of the step that began the run
         self.device = device
         self.batch = batch  # sequences per step
-        self.work = work  # bytes a step reads: the weights and the whole cache
+        self.read_bytes = read_bytes  # what a step reads: the weights and the whole cache
         self.marks: list[Any] = []  # start, end, start, end, ...
 
 
 class Request:
-    """One generate call or tracked request, from entry to its last observation."""
+    """One generate call or tracked request, from entry to its last observation.
+
+    ``entry``: perf_counter at the caller's first line (default: when the anchor was recorded, after
+    inferwatch's own set-up); ``arrival``: when the request reached the server, where that is known
+    (arrival.py): TTFT and E2E start there. ``prompt_length``: tokens per row that generate's output holds
+    before the generated ones."""
 
     def __init__(
         self,
@@ -168,34 +178,27 @@ class Request:
         live: LiveTokens | None = None,
         entry: float | None = None,
         arrival: float | None = None,
+        prompt_length: int = 0,
     ) -> None:
         self.series = series
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
         self.clock = clock
-        self.anchor = clock.start()
-        # TTFT and E2E start when the request arrived at the server, where that is known (arrival.py);
-        # else when the caller entered (perf_counter at the wrapper's first line), not when the anchor was
-        # recorded after inferwatch's own set-up.
-        self.arrival = arrival
-        self.entry = (self.anchor.host if entry is None else entry) if arrival is None else arrival
-        #: Token times come from marks recorded after sampling (hooks.TokenMarkingCriteria), not forward ends.
+        self.mapping = AnchorMapping(clock, clock.start())
+        if arrival is None:
+            arrival_or_entry = self.mapping.anchor.host if entry is None else entry
+        else:
+            arrival_or_entry = arrival
+        self.timeline = TokenTimeline(arrival_or_entry, arrival)
+        self.prompt_length = prompt_length
+        #: Token times come from marks recorded after sampling (criteria.TokenMarkingCriteria), not forward
+        #: ends: see :meth:`mark_tokens_at_sampling`.
         self.marks_sampling = False
-        #: Tokens per row of the prompt as generate's output holds them (where its generated tokens start).
-        self.prompt_length = 0
         #: The decode steps generate runs through its compiled call, once their shapes are settled.
         self.decode_run: DecodeRun | None = None
-        #: The model's forward hooks are out while this generate runs its compiled call (hooks._hide_hooks).
-        self.hooks_hidden = False
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)
         self._pending: collections.deque[Step] = collections.deque()
-        self._first_forward_start: float | None = None
-        self._anchor_lag = 0.0
-        self._first_token: float | None = None
-        self._last_token: float | None = None
-        self._token_steps = 0
-        self._max_gap = 0.0
         self._kv: KVCacheSize | None = None
         self._status: str | None = None
         #: The request's tokens as the counters have them while it runs (one row, no prompt by default).
@@ -224,11 +227,18 @@ class Request:
                 start=None,
                 end=end,
                 tokens=tokens,
-                work=0.0,
                 start_host=None,
                 end_host=end_host,
             )
         )
+
+    def mark_tokens_at_sampling(self) -> None:
+        """From now on generate's criteria mark each token after sampling; its forwards bring none."""
+        self.marks_sampling = True
+
+    def begin_run(self, run: DecodeRun) -> None:
+        """From now on the request's decode steps are ``run``'s."""
+        self.decode_run = run
 
     def set_kv(self, size: KVCacheSize | None) -> None:
         if size != self._kv:
@@ -252,15 +262,13 @@ class Request:
 
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
-        pending, clock, run = self._pending, self.clock, self.decode_run
+        pending, clock, run, timeline = self._pending, self.clock, self.decode_run, self.timeline
         if (pending or (run is not None and run.marks)) and not self._anchored:
-            # The anchor was recorded on an idle stream and completes at once, but elapsed_time needs it
-            # complete: never assume.
-            if self.anchor.event is not None and not clock.ready(self.anchor.event):
+            if not self.mapping.ready():
                 return False
             self._anchored = True
-        if self._first_token is None and self.anchor.event is not None:  # a host clock has no anchor lag
-            self._bound_anchor_lag()
+        if timeline.first_token is None and self.mapping.anchor.event is not None:
+            self._bound_anchor_lag()  # a host clock has no anchor lag
         observations = Observations()
         try:
             while pending:
@@ -272,23 +280,9 @@ class Request:
             # The run's steps all came after the steps of the queue (see DecodeRun).
             return run is None or not run.marks or self._resolve_run(run, observations)
         finally:
-            if (self._first_forward_start, self._first_token) != (None, None):
+            if timeline.prefill_start is not None or timeline.first_token is not None:
                 self.live.count_prompt(self.series.prompt_tokens, observations)  # the prefill ran
             observations.flush()
-
-    def _anchor_lag_bound(self, step: Step) -> float:
-        """How late the anchor must have been for ``step``'s marks not to map before they were recorded.
-
-        The anchor event completes "at once" only if the device starts work at once; a GPU coming out of
-        idle was measured (docs/timing.md) to take a few hundred µs to run it, which would place every
-        later mark that much too early. No mark completes before the host enqueued it, so a mark that
-        maps earlier than its recording proves the anchor late by at least the difference.
-        """
-        clock, anchor = self.clock, self.anchor
-        lag = step.end_host - clock.host_time(anchor, step.end)
-        if step.start is not None and step.start_host is not None:
-            lag = max(lag, step.start_host - clock.host_time(anchor, step.start))
-        return max(lag, 0.0)
 
     def _bound_anchor_lag(self) -> None:
         """Tighten the anchor's lag with every complete pending step, before the first token is placed.
@@ -297,54 +291,37 @@ class Request:
         recorded it (a decode step's start: generate's loop waited for the device just before). The bound
         is fixed once the first token is observed, so later gaps (differences of marks) stay exact.
         """
+        mapping, clock = self.mapping, self.clock
         for step in self._pending:
-            if not self.clock.ready(step.end):
+            if not clock.ready(step.end):
                 break
-            self._anchor_lag = max(self._anchor_lag, self._anchor_lag_bound(step))
+            mapping.bound(step.end, step.end_host)
+            if step.start is not None and step.start_host is not None:
+                mapping.bound(step.start, step.start_host)
 
     def _resolve(self, step: Step, observations: Observations) -> None:
-        clock = self.clock
+        clock, timeline = self.clock, self.timeline
         if step.phase is not None:
             step.account_forward(clock, observations)
-            if self._first_forward_start is None:
-                # The prefill starts once the host has called the forward and the device has finished
-                # the work queued before it: the later of the two, as the synchronize-based ground truth
-                # sees it. Waiting for earlier work counts in TTFT, not in the prefill. Mapped device
-                # times are never late (the anchor lag is a lower bound), so neither is this start.
-                device_start = clock.host_time(self.anchor, step.start) + self._anchor_lag
-                host_start = step.start_host
-                self._first_forward_start = (
-                    device_start if host_start is None else max(host_start, device_start)
-                )
-                if self.arrival is not None:
-                    queued = max(0.0, self._first_forward_start - self.arrival)
-                    observations.observe(self.series.queue, queued)
+            if timeline.prefill_start is None:
+                # Mapped device times are never late (the anchor lag is a lower bound), so neither is
+                # this start.
+                start_host = step.start_host
+                if start_host is None:
+                    start = self.mapping.host_time(step.start)
+                else:
+                    start = self.mapping.start_time(step.start, start_host)
+                timeline.start_prefill(start, self.series, observations)
             clock.release(step.start)
         if step.tokens:
             # Only a step that brought tokens is placed on the host clock (a forward followed by the
             # sampled-token mark is not: one elapsed_time less per decode step).
-            end = clock.host_time(self.anchor, step.end) + self._anchor_lag
-            self._place_token(end, step.tokens, observations)
+            end = self.mapping.host_time(step.end)
+            series = self.series
+            # The request's own state first: an observation that fails costs only itself.
+            self.live.count_steps(timeline.token_steps, step.tokens, series.generation_tokens, observations)
+            timeline.place(end, step.tokens, series, observations)
         clock.release(step.end)
-
-    def _place_token(self, end: float, tokens: int, observations: Observations) -> None:
-        """``tokens`` per sequence became available at ``end`` (host clock)."""
-        # The request's own state first: an observation that fails costs only itself.
-        previous, self._last_token = self._last_token, end
-        self.live.count_steps(self._token_steps, tokens, self.series.generation_tokens, observations)
-        self._token_steps += tokens
-        series = self.series
-        if previous is None:
-            self._first_token = end
-            observations.observe(series.ttft, end - self.entry)
-            start = self._first_forward_start
-            observations.observe(series.prefill, end - (self.entry if start is None else start))
-        else:
-            gap = end - previous
-            self._max_gap = max(self._max_gap, gap)
-            per_token = gap / tokens
-            for _ in range(tokens):
-                observations.observe(series.itl, per_token)
 
     def _resolve_run(self, run: DecodeRun, observations: Observations) -> bool:
         """Observe the run's leading steps whose end mark is complete; True when none is left pending."""
@@ -358,24 +335,15 @@ class Request:
                 return False
         done = marks[:count]
         del marks[:count]
-        durations, ends = clock.spans(self.anchor, done)
+        durations, ends = self.mapping.spans(done)
         clock.release_all(done)
-        series, steps, lag = self.series, len(durations), self._anchor_lag
+        series, steps, timeline = self.series, len(durations), self.timeline
         series.heartbeat()
-        observations.forwards(series, run.device, "decode", durations, run.work * steps)
+        observations.forwards(series, run.device, "decode", durations, read_bytes=run.read_bytes * steps)
         observations.observe_repeated(series.batch_size, run.batch, steps)
         observations.observe_repeated(series.step_tokens["decode"], run.batch, steps)
-        times = [end + lag for end in ends]
-        if self._last_token is None:  # a run whose request placed no token before it
-            self._place_token(times.pop(0), 1, observations)
-        if times:
-            earlier = [self._last_token, *times[:-1]]
-            gaps = [later - before for before, later in zip(earlier, times, strict=True)]
-            self._max_gap = max(self._max_gap, *gaps)
-            self.live.count_steps(self._token_steps, len(times), series.generation_tokens, observations)
-            self._token_steps += len(times)
-            self._last_token = times[-1]
-            observations.observe_all(series.itl, gaps)
+        self.live.count_steps(timeline.token_steps, len(ends), series.generation_tokens, observations)
+        timeline.place_steps(ends, series, observations)
         return not marks
 
     # -- the end of a request --------------------------------------------------------------------------
@@ -384,18 +352,18 @@ class Request:
         """Record the outcome at the request's exit; ``counts``: the tokens generate generated, on its way to
         the host (from its output).
 
-        Status, running requests and end-to-end latency are recorded now; the rest by :meth:`complete`.
+        Status, running requests and end-to-end latency are recorded now; the rest by :meth:`resolve`.
         """
         self._status = status
         self._counts = counts
         series = self.series
         series.running.dec()
-        series.requests[status].inc()
+        observations = Observations()
+        self.timeline.observe_end(status, time.perf_counter(), series, observations)
+        observations.flush()
         self.set_kv(None)
-        if status == "ok":
-            series.e2e.observe(time.perf_counter() - self.entry)
 
-    def complete(self) -> bool:
+    def resolve(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet."""
         if self._status not in ("ok", "cancelled"):
             # A failed request: keep what already resolved, drop marks that may never be reached.
@@ -407,18 +375,20 @@ class Request:
         if not self.drain() or (counts is not None and not counts.ready()) or not self.live.prompt_ready():
             return False
         series = self.series
-        # A cancelled request's decode was cut short: it gets no per-request latency observations.
-        if self._status == "ok":
-            series.observe_decode(self._token_steps, self._first_token, self._last_token, self._max_gap)
-        self.clock.release(self.anchor)
+        self.clock.release(self.mapping.anchor)
         if counts is not None:
             generated = counts.value()[0]
         elif self._status == "cancelled" or self.owner is None:
             # No output to count (a cancelled generate, a tracked request): every row's tokens so far.
-            generated = self.live.rows * self._token_steps
+            generated = self.live.rows * self.timeline.token_steps
         else:  # a generate whose output could not be counted (an error already reported): as counted
-            return True
-        self.live.settle(series, generated)
+            generated = None
+        observations = Observations()
+        if self._status == "ok":
+            self.timeline.observe_decode(series, observations)
+        if generated is not None:
+            self.live.settle(series, generated, observations)
+        observations.flush()
         return True
 
     def expired(self) -> bool:
@@ -436,7 +406,7 @@ class LooseForward:
         self.step = step
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
 
-    def complete(self) -> bool:
+    def resolve(self) -> bool:
         if not self.clock.ready(self.step.end):
             return False
         observations = Observations()

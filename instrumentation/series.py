@@ -133,10 +133,12 @@ class ModelSeries:
     def bytes_per_token(self) -> float | None:
         return self._totals.bytes_per_token
 
-    def add_forwards(self, device: str, phase: str, durations: list[float], work: float) -> None:
-        """Account resolved forwards of one phase on one device: ``work`` is the bytes they read (decode)
-        or FLOPs they computed (prefill); a mixed step counts in the busy time only (its work is neither
-        a prefill's nor a decode's)."""
+    def add_forwards(
+        self, device: str, phase: str, durations: list[float], read_bytes: float, flops: float
+    ) -> None:
+        """Account resolved forwards of one phase on one device: ``read_bytes`` is what the decode steps
+        among them read, ``flops`` what the prefills computed; a mixed step counts in the busy time only
+        (its work is neither a prefill's nor a decode's)."""
         histogram = self.forward.get(phase)
         if histogram is None:
             histogram = self.forward[phase] = self.metrics[cat.FORWARD].labels(self.name, phase)
@@ -149,10 +151,10 @@ class ModelSeries:
             window.forward_seconds += seconds
             if phase == "decode":
                 window.decode_seconds += seconds
-                window.decode_bytes += work
+                window.decode_bytes += read_bytes
             elif phase == "prefill":
                 window.prefill_seconds += seconds
-                window.prefill_flops += work
+                window.prefill_flops += flops
 
     def watch_paged_cache(self, view: Any) -> None:
         """Have the sampler report ``view``'s blocks, bytes, capacity and headroom from now on; a cache that
@@ -199,27 +201,21 @@ class ModelSeries:
         self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name).set(view.bytes_per_token)
         return True
 
-    def observe_decode(self, tokens: int, first: float | None, last: float | None, max_gap: float) -> None:
-        """A finished request's decode: ``tokens`` token steps per sequence, the first placed at ``first``
-        and the last at ``last`` (host clock), at most ``max_gap`` apart."""
-        if tokens >= 2:
-            decode = last - first
-            self.decode.observe(decode)
-            self.tpot.observe(decode / (tokens - 1))
-            self.max_itl.observe(max_gap)
-        elif tokens == 1:
-            self.decode.observe(0.0)
-
     def settle_request_tokens(
-        self, prompt: float, generated: float, counted_prompt: float, counted_generated: float
+        self,
+        prompt: float,
+        generated: float,
+        counted_prompt: float,
+        counted_generated: float,
+        observations: Observations,
     ) -> None:
         """A finished request's exact prompt and generated tokens: the per-request histograms, and the part
         of them the counters have not counted while it ran (its live counts are lower bounds: a counter
         never goes back)."""
-        self.prompt_tokens.inc(max(0.0, prompt - counted_prompt))
-        self.prompt_tokens_hist.observe(prompt)
-        self.generation_tokens.inc(max(0.0, generated - counted_generated))
-        self.generation_tokens_hist.observe(generated)
+        observations.count(self.prompt_tokens, max(0.0, prompt - counted_prompt))
+        observations.observe(self.prompt_tokens_hist, prompt)
+        observations.count(self.generation_tokens, max(0.0, generated - counted_generated))
+        observations.observe(self.generation_tokens_hist, generated)
 
     def take_window(self, device: str) -> Window:
         """The work accounted on ``device`` since the last call, and start a new window."""
@@ -295,7 +291,7 @@ class Observations:
     def __init__(self) -> None:
         self._values: dict[Any, list[float]] = {}
         self._repeated: dict[tuple[Any, float], int] = {}
-        self._forwards: dict[tuple[ModelSeries, str, str], tuple[list[float], list[float]]] = {}
+        self._forwards: dict[tuple[ModelSeries, str, str], list[Any]] = {}  # [durations, bytes, flops]
         self._counts: dict[Any, float] = {}
 
     def count(self, counter: Any, amount: float) -> None:
@@ -320,19 +316,29 @@ class Observations:
         key = (histogram, value)
         self._repeated[key] = self._repeated.get(key, 0) + count
 
-    def forward(self, series: ModelSeries, device: str, phase: str, seconds: float, work: float) -> None:
+    def forward(
+        self, series: ModelSeries, device: str, phase: str, seconds: float, read_bytes: float, flops: float
+    ) -> None:
         """A resolved forward (see :meth:`ModelSeries.add_forwards`)."""
-        self.forwards(series, device, phase, [seconds], work)
+        self.forwards(series, device, phase, [seconds], read_bytes, flops)
 
     def forwards(
-        self, series: ModelSeries, device: str, phase: str, durations: list[float], work: float
+        self,
+        series: ModelSeries,
+        device: str,
+        phase: str,
+        durations: list[float],
+        read_bytes: float = 0.0,
+        flops: float = 0.0,
     ) -> None:
-        """Resolved forwards of one phase; ``work`` is their total."""
+        """Resolved forwards of one phase; ``read_bytes`` and ``flops`` are their totals."""
         entry = self._forwards.get((series, device, phase))
         if entry is None:
-            entry = self._forwards[(series, device, phase)] = ([], [])
-        entry[0].extend(durations)
-        entry[1].append(work)
+            self._forwards[(series, device, phase)] = [list(durations), read_bytes, flops]
+        else:
+            entry[0].extend(durations)
+            entry[1] += read_bytes
+            entry[2] += flops
 
     def step_tokens(self, series: ModelSeries, prefill: int, decode: int) -> None:
         """Tokens of one forward by kind (a kind the step did not carry is not observed)."""
@@ -350,8 +356,8 @@ class Observations:
         for counter, amount in counts.items():
             if amount:
                 counter.inc(amount)
-        for (series, device, phase), (durations, work) in forwards.items():
-            series.add_forwards(device, phase, durations, sum(work))
+        for (series, device, phase), (durations, read_bytes, flops) in forwards.items():
+            series.add_forwards(device, phase, durations, read_bytes, flops)
         for histogram, batch in values.items():
             observe_many(histogram, batch)
         for (histogram, value), count in repeated.items():

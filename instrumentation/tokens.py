@@ -165,8 +165,8 @@ class LiveTokens:
         self.generated += tokens
         observations.count(counter, tokens)
 
-    def settle(self, series: Any, generated: int) -> None:
+    def settle(self, series: Any, generated: int, observations: Any) -> None:
         """The request ended having generated ``generated`` tokens: the series get the exact figures."""
         prompt = self._prompt_value() or 0
         counted_prompt = prompt if self._prompt_counted else 0
-        series.settle_request_tokens(prompt, generated, counted_prompt, self.generated)
+        series.settle_request_tokens(prompt, generated, counted_prompt, self.generated, observations)

@@ -25,7 +25,11 @@ RESOLVE_PERIOD_SECONDS = 0.002
 
 
 class PendingItem(Protocol):
-    def complete(self) -> bool: ...
+    """Observations waiting for the device: requests, forwards, a continuous-batching timeline."""
+
+    def resolve(self) -> bool:
+        """Make the observations whose marks are complete; True once nothing is left."""
+        ...
 
     def expired(self) -> bool: ...
 
@@ -79,7 +83,7 @@ class Worker:
                     del self._pollers[key]
 
     def defer(self, item: PendingItem, errors: ErrorReporter) -> None:
-        """Call ``item.complete()`` until it returns True or the item expires (counted as an error)."""
+        """Call ``item.resolve()`` until it returns True or the item expires (counted as an error)."""
         with self._cond:
             self._pending.append((item, errors))
             self._ensure_thread()
@@ -132,10 +136,15 @@ class Worker:
                     # Pollers count their own errors; this is the backstop that keeps the thread alive.
                     logger.exception("inferwatch: poller %r failed", registration.poller)
 
+    def resolve_or_defer(self, item: PendingItem, errors: ErrorReporter) -> None:
+        """``item.resolve()`` now, in the caller's thread; what is left, on this worker."""
+        if not item.resolve():
+            self.defer(item, errors)
+
     @staticmethod
     def _settle(item: PendingItem, errors: ErrorReporter) -> bool:
         try:
-            if item.complete():
+            if item.resolve():
                 return True
             if item.expired():
                 errors.report("resolve", TimeoutError(f"device marks of {item!r} never completed; dropped"))
@@ -147,6 +156,6 @@ class Worker:
 
 
 #: Resolves deferred observations and polls torch state (allocator, headroom, utilization windows).
-SAMPLER = Worker("inferwatch-sampler")
+BACKGROUND = Worker("inferwatch-background")
 #: Polls NVML, apart from everything else because a driver call can hang.
 NVML_WORKER = Worker("inferwatch-nvml")

@@ -10,7 +10,7 @@ Variants, each a ``generate`` of ``--new-tokens`` greedy tokens with a static ca
   call, the current stream fixed) and keeps them in a list: the least a step timed from around the call
   can do, with nothing resolved;
 * ``hooks``: two forward hooks registered on the model that trace to nothing, left in while the
-  compiled call runs (inferwatch takes its own out: ``ModelInstrumentation._hide_hooks``);
+  compiled call runs (inferwatch takes its own out: ``ForwardHooks.hide``);
 * ``inferwatch``: ``instrument()`` for the call, ``remove()`` after it.
 
 Each round runs every variant once (the order rotates); a variant's figure is the median of its per-round

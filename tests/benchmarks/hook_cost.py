@@ -34,25 +34,28 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import static_cache, timed_generate
-from inferwatch.instrumentation import batching, hooks, instrument, request
+from inferwatch.instrumentation import batch_timeline, criteria, instrument, request
+from inferwatch.instrumentation.compiled import CompiledPath
+from inferwatch.instrumentation.forward_hooks import ForwardHooks
+from inferwatch.instrumentation.generate import GenerateWrapper
 from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry
 
 COMPILED_FORWARD = "compiled_forward"
 #: What the serving thread runs on every forward (the compiled call's wrapper calls the forward hooks).
 HOT_PATH = [
-    (hooks.ModelInstrumentation, "_forward_pre"),
-    (hooks.ModelInstrumentation, "_forward_post"),
-    (hooks._token_marking_criteria(), "__call__"),
+    (ForwardHooks, "before"),
+    (ForwardHooks, "after"),
+    (criteria.token_marking_criteria(), "__call__"),
 ]
 RESOLVING = [(request.Request, "drain"), (request.Request, "_resolve"), (request.Request, "_resolve_run")]
 RESOLVING_NAMES = {f"{owner.__name__}.{name}" for owner, name in RESOLVING}
 TIMED = [
     *HOT_PATH,
     *RESOLVING,
-    (hooks.ModelInstrumentation, "_begin"),
-    (hooks.ModelInstrumentation, "_succeed"),
-    (hooks.ModelInstrumentation, "_token_counts"),
+    (GenerateWrapper, "_begin"),
+    (GenerateWrapper, "_succeed"),
+    (GenerateWrapper, "_token_counts"),
 ]
 #: transformers' own work, called from inside inferwatch's: timed only to be taken out.
 FOREIGN = [(StoppingCriteriaList, "__call__")]
@@ -95,14 +98,14 @@ FOREIGN_NAMES = {"compiled call", *(f"{owner.__name__}.{name}" for owner, name i
 def time_compiled_calls() -> Callable[[], None]:
     """Time the wrapper generate gets from ``get_compiled_call`` (own time: without the compiled call
     inside it); returns the undo."""
-    original = hooks.ModelInstrumentation._timed_around
+    original = CompiledPath.timed_around
 
-    def timed_around(self: hooks.ModelInstrumentation, compiled: Any) -> Any:
+    def timed_around(self: CompiledPath, compiled: Any) -> Any:
         inner = timed("compiled call", compiled, foreign=True)
         return timed(COMPILED_FORWARD, original(self, inner))
 
-    hooks.ModelInstrumentation._timed_around = timed_around
-    return lambda: setattr(hooks.ModelInstrumentation, "_timed_around", original)
+    CompiledPath.timed_around = timed_around
+    return lambda: setattr(CompiledPath, "timed_around", original)
 
 
 def install_timers(timed_functions: list[tuple[Any, str]]) -> Callable[[], None]:
@@ -193,7 +196,7 @@ def batching_costs(args: argparse.Namespace) -> None:
     FOREIGN.extend(step_functions)
     FOREIGN_NAMES.update(f"{owner.__name__}.{name}" for owner, name in step_functions)
     timeline = [
-        (batching.BatchTimeline, name)
+        (batch_timeline.BatchTimeline, name)
         for name in (
             "arrive",
             "requeue",

@@ -47,13 +47,15 @@ def python_loop() -> int:
     return total
 
 
-def compiled_step_costs(hooks: Any, clock: Any, ids: torch.Tensor) -> None:
+def compiled_step_costs(instrumentation: Any, clock: Any, ids: torch.Tensor) -> None:
     """A compiled decode step's share: the wrapper generate calls instead of the compiled call (around a
     call that does nothing, with the keyword arguments of a decode step), and resolving a run."""
-    request = Request(hooks.series, clock, owner=hooks)
+    model = instrumentation.model
+    request = Request(model.series, clock, owner=model)
     token = CURRENT_REQUEST.set(request)
-    run = request.decode_run = DecodeRun(clock, str(ids.device), 1, 0.0)
-    request._place_token(time.perf_counter(), 1, Observations())
+    run = DecodeRun(clock, str(ids.device), 1, 0.0)
+    request.begin_run(run)
+    request.timeline.place(time.perf_counter(), 1, model.series, Observations())
     step_kwargs = {
         "input_ids": ids,
         "position_ids": ids,
@@ -70,7 +72,7 @@ def compiled_step_costs(hooks: Any, clock: Any, ids: torch.Tensor) -> None:
     def through(*args: Any, **kwargs: Any) -> None:
         return nothing(*args, **kwargs)
 
-    forward = hooks._timed_around(nothing)
+    forward = instrumentation.compiled.timed_around(nothing)
 
     def step() -> None:
         forward(**step_kwargs)
@@ -144,7 +146,6 @@ def main() -> int:
             start=1,
             end=2,
             tokens=1,
-            work=0.0,
             start_host=1.0,
             end_host=2.0,
             batch=1,
@@ -157,19 +158,19 @@ def main() -> int:
     model = build_model("small-llama", device=device.type, dtype=torch.bfloat16 if cuda else None)
     ids = torch.randint(10, 200, (1, 1), device=device)
     handle = instrument(model, model_name="m", registry=CollectorRegistry())
-    hooks = handle._instrumentation
-    request = Request(hooks.series, clock, owner=hooks)
+    instrumentation = handle._instrumentation
+    request = Request(instrumentation.model.series, clock, owner=instrumentation.model)
     CURRENT_REQUEST.set(request)
     with torch.inference_mode():
         output = model(ids)
 
         def forward_hooks() -> None:
-            hooks._forward_pre(model, (ids,), {})
-            hooks._forward_post(model, (ids,), {}, output)
+            instrumentation.forward_hooks.before(model, (ids,), {})
+            instrumentation.forward_hooks.after(model, (ids,), {}, output)
 
-        report("_forward_pre + _forward_post, inside a request", forward_hooks, number=2000)
+        report("ForwardHooks.before + after, inside a request", forward_hooks, number=2000)
         report("Request.mark_tokens", lambda: request.mark_tokens(str(device), 1), number=2000)
-        compiled_step_costs(hooks, clock, ids)
+        compiled_step_costs(instrumentation, clock, ids)
         report("small-llama forward of one token, instrumented", lambda: model(ids), number=200)
         handle.remove()
         report("small-llama forward of one token, bare", lambda: model(ids), number=200)

@@ -81,7 +81,6 @@ def run_request(registry: CollectorRegistry, forwards: list[tuple[float, float, 
             start=Mark(started),
             end=Mark(ended),
             tokens=1,
-            work=0.0,
             start_host=start_host,
             end_host=end_host,
             batch=1,
@@ -89,7 +88,7 @@ def run_request(registry: CollectorRegistry, forwards: list[tuple[float, float, 
         request.add(step)
         request.drain_batch()
     request.finish("ok")
-    assert request.complete()
+    assert request.resolve()
 
 
 def decode_steps(first_call: float, count: int, step: float) -> list[tuple[float, float, float, float]]:

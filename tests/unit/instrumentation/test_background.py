@@ -24,9 +24,13 @@ def test_model_poller_turns_a_window_into_ratios(registry) -> None:
     poller = ModelPoller(
         series, torch.device("cpu"), DeviceIdentity("cpu"), 1.0, peak_flops=1e12, peak_bandwidth=lambda: 1e11
     )
-    series.add_forwards("cpu", "prefill", [0.002], work=1e9)  # 1 GFLOP in 2 ms: 0.5 of 1 TFLOP/s
-    series.add_forwards("cpu", "decode", [0.001], work=2e7)  # 20 MB in 1 ms
-    series.add_forwards("cpu", "decode", [0.003], work=6e7)  # 60 MB in 3 ms: 20 GB/s: 0.2 of 100 GB/s
+    series.add_forwards(
+        "cpu", "prefill", [0.002], read_bytes=0.0, flops=1e9
+    )  # 1 GFLOP in 2 ms: 0.5 of 1 TFLOP/s
+    series.add_forwards("cpu", "decode", [0.001], read_bytes=2e7, flops=0.0)  # 20 MB in 1 ms
+    series.add_forwards(
+        "cpu", "decode", [0.003], read_bytes=6e7, flops=0.0
+    )  # 60 MB in 3 ms: 20 GB/s: 0.2 of 100 GB/s
     time.sleep(0.01)
     poller.poll()
     assert metric(registry, "llm_prefill_flops_utilization_ratio", model="m", device="cpu") == pytest.approx(

@@ -86,7 +86,7 @@ def test_internal_error_is_contained_and_counted(llama, registry, instrumented, 
     new_tokens = DRAIN_BATCH + 4
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
     handle = instrumented(llama, model_name="m")
-    series = series_for(handle._instrumentation.metrics, "m")
+    series = series_for(handle._instrumentation.model.metrics, "m")
 
     def broken_observe(value: float) -> None:
         raise ZeroDivisionError("an inferwatch bug")
@@ -113,7 +113,7 @@ def test_error_in_the_exit_path_is_contained(gpt2, registry, instrumented, monke
     def broken(*args, **kwargs):
         raise RuntimeError("counting failed")
 
-    monkeypatch.setattr(handle._instrumentation, "_token_counts", broken)
+    monkeypatch.setattr(handle._instrumentation.generate, "_token_counts", broken)
     out = _generate(gpt2)
     assert out.shape[1] > 0
     assert handle.flush()
