@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 from inferwatch.cli import main as inferwatch
-from inferwatch.instrumentation.demo import RequestStream, histogram_quantile
+from inferwatch.instrumentation.demo import RequestStream
+from inferwatch.instrumentation.demo_summary import histogram_quantile
 
 
 @pytest.mark.parametrize(
