@@ -16,7 +16,6 @@ from inferwatch.instrumentation.instrumented import InstrumentedModel
 from inferwatch.instrumentation.profiling import CAPTURES
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.tokens import LiveTokens, every_row_generates, generated_count, prompt_of
-from inferwatch.instrumentation.worker import BACKGROUND
 
 
 class GenerateWrapper:
@@ -98,11 +97,7 @@ class GenerateWrapper:
         """The request ended: served with ``counts`` of generated tokens, or failed with ``failure``."""
         model = self._model
         try:
-            status = "ok" if failure is None else failure_status(failure)
-            if status == "oom":
-                model.series.oom_events.inc()
-            request.finish(status, counts)
-            BACKGROUND.resolve_or_defer(request, model.errors)
+            request.finish("ok" if failure is None else failure_status(failure), counts)
         except Exception as exc:
             model.errors.report("generate_exit", exc)
 

@@ -25,6 +25,7 @@ from inferwatch.instrumentation.kvcache import KVCacheSize
 from inferwatch.instrumentation.series import ModelSeries, Observations
 from inferwatch.instrumentation.timeline import AnchorMapping, TokenTimeline
 from inferwatch.instrumentation.tokens import LiveTokens
+from inferwatch.instrumentation.worker import BACKGROUND
 
 # A request whose marks never complete (a lost device) is given up after this long, counted as an error.
 RESOLVE_DEADLINE_SECONDS = 120.0
@@ -204,6 +205,7 @@ class Request:
         #: The request's tokens as the counters have them while it runs (one row, no prompt by default).
         self.live = live or LiveTokens(None, 1, math.inf)
         self._counts: Fetched | None = None
+        self._resolved = False
         series.running.inc()
 
     # -- hot path: record and resolve what is already done ---------------------------------------------
@@ -349,27 +351,35 @@ class Request:
     # -- the end of a request --------------------------------------------------------------------------
 
     def finish(self, status: str, counts: Fetched | None = None) -> None:
-        """Record the outcome at the request's exit; ``counts``: the tokens generate generated, on its way to
-        the host (from its output).
+        """End the request at its exit with ``status``; ``counts``: the tokens generate generated, on their
+        way to the host (from its output).
 
-        Status, running requests and end-to-end latency are recorded now; the rest by :meth:`resolve`.
+        Status, running requests, an OOM and end-to-end latency are recorded now; the rest by
+        :meth:`resolve`, now if every mark is complete, else on the background thread.
         """
         self._status = status
         self._counts = counts
         series = self.series
         series.running.dec()
+        if status == "oom":
+            series.oom_events.inc()
         observations = Observations()
         self.timeline.observe_end(status, time.perf_counter(), series, observations)
         observations.flush()
         self.set_kv(None)
+        BACKGROUND.resolve_or_defer(self, series.errors)
 
     def resolve(self) -> bool:
-        """Make the per-request observations once every mark and count is on the host; False = not yet."""
+        """Make the per-request observations once every mark and count is on the host; False = not yet.
+        Once it has returned True it does nothing more."""
+        if self._resolved:
+            return True
         if self._status not in ("ok", "cancelled"):
             # A failed request: keep what already resolved, drop marks that may never be reached.
             self.drain()
             self._pending.clear()
             self.decode_run = None
+            self._resolved = True
             return True
         counts = self._counts
         if not self.drain() or (counts is not None and not counts.ready()) or not self.live.prompt_ready():
@@ -388,6 +398,7 @@ class Request:
             self.timeline.observe_decode(series, observations)
         if generated is not None:
             self.live.settle(series, generated, observations)
+        self._resolved = True
         observations.flush()
         return True
 

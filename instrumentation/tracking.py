@@ -27,7 +27,6 @@ from inferwatch.instrumentation.hardware import device_label
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.series import STATUSES, series_for
 from inferwatch.instrumentation.tokens import LiveTokens
-from inferwatch.instrumentation.worker import BACKGROUND
 from prometheus_client import CollectorRegistry
 
 
@@ -95,10 +94,7 @@ class RequestTracker:
             return
         self._finished = True
         try:
-            if status == "oom":
-                self._series.oom_events.inc()
             request.finish(status)
-            BACKGROUND.resolve_or_defer(request, self._errors)
         except Exception as exc:
             self._errors.report("track", exc)
 
