@@ -324,7 +324,12 @@ class Binary(Expr):
         return f"{left} {self._operator()} {right}"
 
     def _broken_operand(self, operand: Expr, right: bool, rate_window: str | None, indent: int) -> str:
-        if not self._needs_parentheses(operand, right):
+        # Broken over lines, an operand of another precedence is parenthesised even where PromQL does not
+        # need it, so that the lines show what binds to what.
+        grouped = self._needs_parentheses(operand, right) or (
+            isinstance(operand, Binary) and operand.precedence != self.precedence
+        )
+        if not grouped:
             return operand.pretty(rate_window, indent)
         flat = operand.render(rate_window)
         if indent + len(flat) + 2 <= WIDTH:
@@ -336,7 +341,10 @@ class Binary(Expr):
         pad = " " * indent
         left = self._broken_operand(self.left, False, rate_window, indent)
         right = self._broken_operand(self.right, True, rate_window, indent)
-        return f"{left}\n{pad}{self._operator()}\n{pad}{right}"
+        operator = self._operator()
+        if "\n" not in right and indent + len(operator) + 1 + len(right) <= WIDTH:
+            return f"{left}\n{pad}{operator} {right}"
+        return f"{left}\n{pad}{operator}\n{pad}{right}"
 
 
 # --- the shapes every consumer writes the same way -------------------------------------------------------
@@ -387,6 +395,15 @@ def ratio_of_rates(
 ) -> Binary:
     """Per ``by``: summed rate of ``numerator`` over summed rate of ``denominator``."""
     return sum_rate(numerator, by, window) / sum_rate(denominator, by, window)
+
+
+def coefficient_of_variation(series: Selector, window: str, resolution: str | None = None) -> Binary:
+    """Standard deviation over mean of ``series`` over ``window``; with a ``resolution``, of a subquery
+    that samples ``series`` at that step instead of every sample in the window."""
+    if resolution is None:
+        return over_time("stddev", series, window) / over_time("avg", series, window)
+    sampled = Subquery(series, window, resolution)
+    return Call("stddev_over_time", (sampled,)) / Call("avg_over_time", (sampled,))
 
 
 def time() -> Call:
