@@ -16,11 +16,13 @@ import copy
 import importlib.resources
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from inferwatch.common.durations import parse_duration
+from inferwatch.common.promql import Matcher, Selector, parse_matchers
 
 SEVERITIES = ("critical", "warning", "info")
 # One label matcher: name, operator, double-quoted value.
@@ -135,3 +137,25 @@ def _check_scalar(where: str, key: str, value: object) -> None:
             raise ConfigError(
                 f"{where!r} must be a Prometheus duration such as 5m or 1h, got {value!r}"
             ) from None
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """The configured matchers of each job (``selectors`` of the configuration), which every selector of a
+    rule or a dashboard panel starts with: the mixin's job selectors."""
+
+    serving: tuple[Matcher, ...]
+    exporter: tuple[Matcher, ...]
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Selectors:
+        configured = config["selectors"]
+        return cls(parse_matchers(configured["serving"]), parse_matchers(configured["exporter"]))
+
+    def for_serving(self, metric: str, *matchers: Matcher) -> Selector:
+        """``metric`` from instrumented serving processes, narrowed by ``matchers``."""
+        return Selector(metric, (*self.serving, *matchers))
+
+    def for_exporter(self, metric: str, *matchers: Matcher) -> Selector:
+        """``metric`` from inferwatch-exporter, narrowed by ``matchers``."""
+        return Selector(metric, (*self.exporter, *matchers))

@@ -32,6 +32,8 @@ from typing import Literal, NamedTuple
 # replica that misbehaves is not averaged away by the healthy ones. Whoever wants fewer groups sums the
 # parts up (bucket rates, rates of _sum and _count), never the quantiles or ratios themselves.
 PER_MODEL = ("job", "instance", "model")
+# One scrape target: what per-process and per-exporter series are matched and counted by.
+PER_TARGET = ("job", "instance")
 
 # Lines of a pretty-printed expression stay within this many columns where they can.
 WIDTH = 100

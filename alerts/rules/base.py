@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.common import names, promql
-from inferwatch.common.promql import PER_MODEL, Matcher, Selector, eq, num, parse_matchers
+from inferwatch.common.promql import PER_MODEL, Selector, eq, num
+
+from ..config import Selectors
 
 
 def bucket_bound(value: float) -> str:
@@ -61,28 +63,6 @@ class AlertRule:
                 "runbook_url": self.runbook_url,
             },
         }
-
-
-@dataclass(frozen=True)
-class Selectors:
-    """The configured matchers of each job (``selectors`` of the configuration), which every selector of a
-    rule or a dashboard panel starts with: the mixin's job selectors."""
-
-    serving: tuple[Matcher, ...]
-    exporter: tuple[Matcher, ...]
-
-    @classmethod
-    def of(cls, config: Mapping[str, Any]) -> Selectors:
-        configured = config["selectors"]
-        return cls(parse_matchers(configured["serving"]), parse_matchers(configured["exporter"]))
-
-    def for_serving(self, metric: str, *matchers: Matcher) -> Selector:
-        """``metric`` from instrumented serving processes, narrowed by ``matchers``."""
-        return Selector(metric, (*self.serving, *matchers))
-
-    def for_exporter(self, metric: str, *matchers: Matcher) -> Selector:
-        """``metric`` from inferwatch-exporter, narrowed by ``matchers``."""
-        return Selector(metric, (*self.exporter, *matchers))
 
 
 class Params:

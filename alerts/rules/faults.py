@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from inferwatch.common import names, promql
-from inferwatch.common.promql import eq, one_of, regex
+from inferwatch.common.promql import PER_TARGET, eq, one_of, regex
 
 from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label
-
-# An exporter's GPUs are counted per scrape target.
-ON_TARGET = ("job", "instance")
 
 GROUP = AlertGroup("inferwatch-gpu-faults")
 
@@ -87,9 +84,9 @@ def _gpu_count_dropped(p: Params) -> list[AlertRule]:
     info = p.exporter(names.GPU_INFO)
     up = p.exporter(names.UP)
     lookback = p["lookback"]
-    gpus = promql.aggregate("count", info, ON_TARGET)
+    gpus = promql.aggregate("count", info, PER_TARGET)
     # An exporter that is up and sees no GPU counts zero, not nothing.
-    now = gpus.or_(0 * up.eq(1), on=ON_TARGET)
+    now = gpus.or_(0 * up.eq(1), on=PER_TARGET)
     most = promql.Call("max_over_time", (promql.Subquery(gpus, lookback, "5m"),))
     expr = now.lt(most)
     return [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inferwatch.common import names, promql
 from inferwatch.common.durations import parse_duration
-from inferwatch.common.promql import PER_MODEL, eq, num
+from inferwatch.common.promql import PER_MODEL, PER_TARGET, eq, num
 
 from .base import (
     GPU,
@@ -19,9 +19,6 @@ from .base import (
     events_above,
     label,
 )
-
-# A serving process's load is matched to its memory by scrape target.
-ON_TARGET = ("job", "instance")
 
 GROUP = AlertGroup("inferwatch-memory")
 
@@ -134,10 +131,10 @@ def _memory_leak(p: Params) -> list[AlertRule]:
     tokens = p.serving(names.LLM_GENERATION_TOKENS_TOTAL)
     floor, lookback = p["floor_window"], p["lookback"]
     growth = promql.over_time("min", allocated, floor) - promql.over_time("min", allocated, floor, lookback)
-    load_now = promql.aggregate("sum", promql.rate(tokens, floor), ON_TARGET)
-    load_before = promql.aggregate("sum", promql.rate(tokens, floor, lookback), ON_TARGET)
+    load_now = promql.aggregate("sum", promql.rate(tokens, floor), PER_TARGET)
+    load_before = promql.aggregate("sum", promql.rate(tokens, floor, lookback), PER_TARGET)
     expr = growth.gt(p["growth_bytes_above"]).and_(
-        load_now.le((1 + p["load_growth_ratio"]) * load_before), on=ON_TARGET
+        load_now.le((1 + p["load_growth_ratio"]) * load_before), on=PER_TARGET
     )
     return [
         p.rule(

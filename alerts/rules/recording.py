@@ -10,7 +10,8 @@ from inferwatch.common import names, promql
 from inferwatch.common.durations import parse_duration
 from inferwatch.common.promql import PER_MODEL, num, regex
 
-from .base import Selectors, bucket_bound, per_model_ratio
+from ..config import Selectors
+from .base import bucket_bound, per_model_ratio
 
 # An SLO is the service's: its error ratio is recorded per job and model, over every instance.
 PER_SERVICE = ("job", "model")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from inferwatch.cli import main as inferwatch_main
 from inferwatch.dashboards.generate import bundled_files, generate
 from inferwatch.dashboards.schema import validate_dashboard
@@ -163,13 +164,28 @@ def test_clocks_event_reasons_are_shown_as_a_state_timeline() -> None:
 
 
 def test_every_metric_the_dashboards_name_is_documented() -> None:
+    """Or recorded: a panel may read a recording rule of alerts/rules.yaml, which ships with them."""
     documented = set(documented_metrics("Instrumentation")) | set(documented_metrics("Exporter")) | {"up"}
+    rules = yaml.safe_load((REPO_ROOT / "alerts" / "rules.yaml").read_text())
+    recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
     named = {base_metric(name, documented) for _, expr in _exprs() for name in metric_names(expr)}
     variables = [
         v["query"] for d in DASHBOARDS.values() for v in d["templating"]["list"] if v["type"] == "query"
     ]
     named |= {name for query in variables for name in re.findall(r"\b(llm_[a-z_]+|gpu_[a-z_]+)", query)}
-    assert named - documented == set(), "named in dashboards/*.json, not in docs/metrics.md"
+    assert named - documented - recorded == set(), (
+        "named in dashboards/*.json, not in docs/metrics.md nor recorded by alerts/rules.yaml"
+    )
+
+
+def test_every_selector_starts_with_its_jobs_configured_matchers() -> None:
+    """The mixin's job selectors: each series is read from the job alerts/config.yaml names for it."""
+    selectors = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text())["selectors"]
+    for where, expr in _exprs():
+        for metric, matchers in re.findall(r"([a-z_:][a-z0-9_:]*)\{([^}]*)\}", expr):
+            job = "serving" if metric.startswith(("llm_", "instance_model:")) else "exporter"
+            if metric != "up":
+                assert matchers.startswith(selectors[job]), (where, metric, matchers)
 
 
 def test_export_writes_the_bundled_dashboards(tmp_path: Path) -> None:
