@@ -22,7 +22,7 @@ The grouping convention: :data:`PER_MODEL`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -93,10 +93,28 @@ def one_of(values: Iterable[object]) -> str:
     return "|".join(str(value) for value in values)
 
 
+def _operator(op: str) -> Callable[[Expr, Expr | float], Binary]:
+    """The method of :class:`Expr` that applies binary operator ``op`` (a number becomes a literal)."""
+
+    def apply(self: Expr, other: Expr | float) -> Binary:
+        return self._binary(op, other)
+
+    apply.__doc__ = f"``self {op} other``."
+    return apply
+
+
 class Expr:
-    """A PromQL expression. Subclasses render themselves; this base adds the operators."""
+    """A PromQL expression. Subclasses render themselves; this base adds the operators: arithmetic as
+    Python's, comparisons as methods (``==`` stays the equality of two expressions)."""
 
     precedence = _ATOM
+    __add__ = _operator("+")
+    __sub__ = _operator("-")
+    __truediv__ = _operator("/")
+    gt = _operator(">")
+    lt = _operator("<")
+    le = _operator("<=")
+    eq = _operator("==")
 
     def render(self, rate_window: str | None = None) -> str:
         """The expression on one line; ranges without a window of their own use ``rate_window``."""
@@ -116,38 +134,11 @@ class Expr:
     def _binary(self, op: str, other: Expr | float, matching: Matching | None = None) -> Binary:
         return Binary(op, self, other if isinstance(other, Expr) else Number(other), matching)
 
-    def __add__(self, other: Expr | float) -> Binary:
-        return self._binary("+", other)
-
-    def __sub__(self, other: Expr | float) -> Binary:
-        return self._binary("-", other)
-
-    def __mul__(self, other: Expr | float) -> Binary:
-        return self._binary("*", other)
-
-    def __truediv__(self, other: Expr | float) -> Binary:
-        return self._binary("/", other)
-
     def __rsub__(self, other: float) -> Binary:
         return Number(other)._binary("-", self)
 
     def __rmul__(self, other: float) -> Binary:
         return Number(other)._binary("*", self)
-
-    def gt(self, other: Expr | float) -> Binary:
-        return self._binary(">", other)
-
-    def ge(self, other: Expr | float) -> Binary:
-        return self._binary(">=", other)
-
-    def lt(self, other: Expr | float) -> Binary:
-        return self._binary("<", other)
-
-    def le(self, other: Expr | float) -> Binary:
-        return self._binary("<=", other)
-
-    def eq(self, other: Expr | float) -> Binary:
-        return self._binary("==", other)
 
     def minus(self, other: Expr, matching: Matching) -> Binary:
         """``self - other`` with vector matching (``ignoring``/``on``)."""
@@ -181,10 +172,6 @@ class Selector(Expr):
 
     metric: str
     matchers: tuple[Matcher, ...] = ()
-
-    def where(self, *matchers: Matcher) -> Selector:
-        """This selector narrowed by more matchers."""
-        return Selector(self.metric, (*self.matchers, *matchers))
 
     def suffixed(self, suffix: str) -> Selector:
         """The same matchers on another series of the family (``_bucket``, ``_sum``, ``_count``)."""

@@ -14,7 +14,7 @@ def test_matchers_are_values_escaped_when_rendered() -> None:
     assert selector.render() == 'x_bucket{le=~"1\\\\.0|1", msg!="say \\"hi\\""}'
     assert Selector("up").render() == "up"
     assert (
-        TOKENS.where(regex("model", "$model")).render()
+        Selector(TOKENS.metric, (*TOKENS.matchers, regex("model", "$model"))).render()
         == 'llm_generation_tokens_total{job="llm", model=~"$model"}'
     )
 
