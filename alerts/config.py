@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from inferwatch.common.durations import parse_duration
 from inferwatch.common.promql import Matcher, Selector, parse_matchers
 
@@ -41,11 +40,15 @@ def default_config_text() -> str:
 
 def default_config() -> dict[str, Any]:
     """The bundled defaults as a mapping."""
+    import yaml  # the alerts extra: importing this module for ConfigError needs none
+
     return yaml.safe_load(default_config_text())
 
 
 def load_config(path: Path | None = None) -> dict[str, Any]:
     """The defaults with the YAML file at ``path`` (if any) merged over them, validated."""
+    import yaml
+
     overrides: object = {}
     if path is not None:
         try:

@@ -13,16 +13,19 @@ the anchors' dashboards get wrong):
   never quantiles averaged or added; means are ``sum(rate(X_sum)) / sum(rate(X_count))``, never an
   average of averages; counters are only read through ``rate``/``increase``.
 
-Thresholds that correspond to an alert come from the alert's default configuration (alerts/config.yaml),
-so a panel turns red where the alert would fire.
+Thresholds that correspond to an alert come from the alert's configuration (alerts/config.yaml, or the
+file given to ``inferwatch dashboards generate --config``), so a panel turns red where the alert fires.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
-from inferwatch.alerts.config import Selectors, default_config
+from inferwatch.alerts.config import Selectors, merge_config
 from inferwatch.common import names, promql
 from inferwatch.common.promql import PER_MODEL, Matcher, Selector, regex
 
@@ -38,16 +41,38 @@ QUANTILES = (0.5, 0.9, 0.99)
 MODEL_LEGEND = "{{model}} {{instance}}"
 
 
-@cache
-def alert_settings(name: str) -> dict[str, Any]:
-    """The default settings of alert ``name`` (alerts/config.yaml)."""
-    return default_config()["alerts"][name]
+# The alerts configuration the panels are built from: the bundled defaults unless :func:`configured`.
+_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("dashboards_alerts_config", default=None)
+
+
+@contextmanager
+def configured(config: Mapping[str, Any] | None) -> Iterator[None]:
+    """Build panels from ``config`` (a validated alerts configuration: its selectors, thresholds and
+    windows; None: the bundled defaults), as the rules rendered from the same file are."""
+    token = _CONFIG.set(config)
+    try:
+        yield
+    finally:
+        _CONFIG.reset(token)
 
 
 @cache
+def _defaults() -> Mapping[str, Any]:
+    return merge_config({})
+
+
+def _config() -> Mapping[str, Any]:
+    return _CONFIG.get() or _defaults()
+
+
+def alert_settings(name: str) -> Mapping[str, Any]:
+    """The settings of alert ``name`` (alerts/config.yaml, or the configuration in use)."""
+    return _config()["alerts"][name]
+
+
 def selectors() -> Selectors:
-    """The configured job selectors (``selectors`` of alerts/config.yaml)."""
-    return Selectors.of(default_config())
+    """The configured job selectors (``selectors`` of the configuration in use)."""
+    return Selectors.of(_config())
 
 
 def serving(metric: str, *matchers: Matcher) -> Selector:

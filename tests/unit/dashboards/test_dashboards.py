@@ -192,3 +192,27 @@ def test_export_writes_the_bundled_dashboards(tmp_path: Path) -> None:
     assert bundled_files() == COMMITTED
     assert inferwatch_main(["dashboards", "export", str(tmp_path)]) == 0
     assert {path.name: path.read_text() for path in tmp_path.iterdir()} == COMMITTED
+
+
+def test_generate_takes_the_alerts_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same file as `alerts render --config`: its job selectors go into every query and its thresholds
+    into the panels, so the dashboards read what the rules read."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        'selectors:\n  serving: job="vllm"\nalerts:\n  InferwatchHostBound:\n    busy_ratio_below: 0.3\n'
+    )
+    out = tmp_path / "out"
+    assert inferwatch_main(["dashboards", "generate", "--config", str(mine), "--out", str(out)]) == 0
+    overview = json.loads((out / "inferwatch-overview.json").read_text())
+    exprs = [target["expr"] for panel in overview["panels"] for target in panel.get("targets", [])]
+    assert not [expr for expr in exprs if 'job="llm-serving"' in expr]
+    assert any('llm_requests_running{job="vllm", model=~"$model"' in expr for expr in exprs)
+    assert any('{job="inferwatch-exporter", ' in expr for expr in exprs)
+    busy = next(panel for panel in overview["panels"] if panel["title"] == "Device busy ratio")
+    assert busy["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.3
+    # The defaults are back for the next build.
+    assert generate() == COMMITTED
+
+    mine.write_text("selectors:\n  serving: vllm\n")
+    assert inferwatch_main(["dashboards", "generate", "--config", str(mine), "--out", str(out)]) == 2
+    assert "'selectors.serving' must be PromQL label matchers" in capsys.readouterr().err
