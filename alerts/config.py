@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,6 @@ from inferwatch.common.durations import parse_duration
 from inferwatch.common.promql import Matcher, Selector, parse_matchers
 
 SEVERITIES = ("critical", "warning", "info")
-# One label matcher: name, operator, double-quoted value.
-_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
-_MATCHERS = re.compile(rf"^({_MATCHER}(,{_MATCHER})*,?)?$")
 
 
 class ConfigError(ValueError):
@@ -121,8 +117,13 @@ def _check_values(node: Mapping[str, Any], path: str) -> None:
             continue
         for item in value if isinstance(value, list) else [value]:
             _check_scalar(where, key, item)
-        if path == "selectors." and not _MATCHERS.match(value):
-            raise ConfigError(f'{where!r} must be PromQL label matchers like job="llm", got {value!r}')
+        if path == "selectors.":
+            try:
+                parse_matchers(value)
+            except ValueError:
+                raise ConfigError(
+                    f'{where!r} must be PromQL label matchers like job="llm", got {value!r}'
+                ) from None
 
 
 def _check_scalar(where: str, key: str, value: object) -> None:

@@ -2,7 +2,8 @@
 
 Expressions are values (frozen dataclasses: equal when they say the same, usable as cache keys), built
 from selectors with a few functions - :func:`rate`, :func:`aggregate`, :func:`histogram_quantile`,
-:func:`histogram_mean` - and Python's arithmetic, comparison methods and set operators::
+:func:`histogram_mean` - Python's arithmetic, and methods for comparisons (``gt``, ``lt`` ...) and set
+operators (``and_``, ``or_``, ``unless``)::
 
     ttft = Selector("llm_time_to_first_token_seconds", parse_matchers('job="llm"'))
     histogram_quantile(0.99, ttft, ("job", "model")).gt(1.0).render("5m")
@@ -76,14 +77,14 @@ class Matcher(NamedTuple):
 def parse_matchers(text: str) -> tuple[Matcher, ...]:
     """The matchers of a configured selector as written inside PromQL braces (``job="llm", env=~"p.*"``);
     raises ValueError for anything else."""
-    text = text.strip().rstrip(",")
+    text = text.strip()
     found, position = [], 0
     while position < len(text):
         match = _MATCHER.match(text, position)
         if match is None:
             raise ValueError(f"not PromQL label matchers: {text!r}")
         name, op, value = match.groups()
-        found.append(Matcher(name, re.sub(r"\\(.)", r"\1", value), op))  # type: ignore[arg-type]
+        found.append(Matcher(name, re.sub(r"\\(.)", r"\1", value), op))
         position = match.end()
     return tuple(found)
 
@@ -293,7 +294,7 @@ class Binary(Expr):
     matching: Matching | None = None
 
     @property
-    def precedence(self) -> int:  # type: ignore[override]
+    def precedence(self) -> int:
         return _PRECEDENCE[self.op]
 
     def _operator(self) -> str:
