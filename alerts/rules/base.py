@@ -1,9 +1,11 @@
-"""What every rule module builds on: the rule, one alert's configuration, rule groups, PromQL helpers.
+"""What every rule module builds on: the rule, one alert's configuration, rule groups, and the expression
+shapes several rules share.
 
 A rule group is an :class:`AlertGroup`; each alert in it is a function registered with
 :meth:`AlertGroup.alert` that receives its own slice of the configuration (:class:`Params`, which also
-builds selectors) and returns the rule(s) under its name. The functions hold the expressions and the
-words; config.yaml holds every number, selector and duration.
+builds selectors from the configured job matchers) and returns the rule(s) under its name. The functions
+hold the expressions, typed values of :mod:`inferwatch.common.promql`, and the words; config.yaml holds
+every number, selector and duration.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from inferwatch.monitor import checklist
 from inferwatch.monitor.checks import Diagnosis, Severity, kv_cache
+from inferwatch.monitor.checks.attribution import model_gpus
 
 from tests.unit.monitor.simulation import run
 
@@ -345,8 +346,7 @@ def test_a_paged_kv_cache_nearly_full() -> None:
     assert evidence["KV-cache blocks used (mean; now)"].value == "95%; 95%"
     assert evidence["KV-cache blocks used (mean; now)"].query == (
         'sum by (job, instance, model) (llm_kv_cache_blocks{state="used"})\n'
-        "/\n"
-        'sum by (job, instance, model) (llm_kv_cache_blocks{state="total"})'
+        '/ sum by (job, instance, model) (llm_kv_cache_blocks{state="total"})'
     )
     assert evidence["KV-cache headroom (tokens, now)"].value == "800"
     assert evidence["requests waiting (mean)"].value == "6"
@@ -406,3 +406,15 @@ def test_models_without_a_paged_kv_cache_are_not_assessed() -> None:
     assert findings(diagnosis, "kv-cache") == []
     assert "llm_kv_cache_blocks" in diagnosis.not_assessed["kv-cache"]
     assert "continuous batching" in diagnosis.not_assessed["kv-cache"]
+
+
+def test_a_model_is_tied_to_its_gpu_under_its_own_group_with_or_without_job() -> None:
+    """From Prometheus a model's groups carry ``job``, from a scrape they do not: either way the GPU is
+    found under the group the model's other series have (queries.MODEL)."""
+    from_prometheus = (("instance", "h:1"), ("job", "llm"), ("model", "m"), ("uuid", "GPU-1"))
+    scraped = (("instance", "h:2"), ("model", "m"), ("uuid", "GPU-2"))
+    on_cpu = (("instance", "h:3"), ("model", "m"))
+    assert model_gpus([from_prometheus, scraped, on_cpu]) == {
+        (("instance", "h:1"), ("job", "llm"), ("model", "m")): "GPU-1",
+        (("instance", "h:2"), ("model", "m")): "GPU-2",
+    }
