@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from inferwatch.common.durations import parse_duration
+from inferwatch.common.promql import Matcher, Selector, parse_matchers
 
 SEVERITIES = ("critical", "warning", "info")
-# One label matcher: name, operator, double-quoted value.
-_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
-_MATCHERS = re.compile(rf"^({_MATCHER}(,{_MATCHER})*,?)?$")
 
 
 class ConfigError(ValueError):
@@ -39,11 +36,15 @@ def default_config_text() -> str:
 
 def default_config() -> dict[str, Any]:
     """The bundled defaults as a mapping."""
+    import yaml  # the alerts extra: importing this module for ConfigError needs none
+
     return yaml.safe_load(default_config_text())
 
 
 def load_config(path: Path | None = None) -> dict[str, Any]:
     """The defaults with the YAML file at ``path`` (if any) merged over them, validated."""
+    import yaml
+
     overrides: object = {}
     if path is not None:
         try:
@@ -116,8 +117,13 @@ def _check_values(node: Mapping[str, Any], path: str) -> None:
             continue
         for item in value if isinstance(value, list) else [value]:
             _check_scalar(where, key, item)
-        if path == "selectors." and not _MATCHERS.match(value):
-            raise ConfigError(f'{where!r} must be PromQL label matchers like job="llm", got {value!r}')
+        if path == "selectors.":
+            try:
+                parse_matchers(value)
+            except ValueError:
+                raise ConfigError(
+                    f'{where!r} must be PromQL label matchers like job="llm", got {value!r}'
+                ) from None
 
 
 def _check_scalar(where: str, key: str, value: object) -> None:
@@ -135,3 +141,25 @@ def _check_scalar(where: str, key: str, value: object) -> None:
             raise ConfigError(
                 f"{where!r} must be a Prometheus duration such as 5m or 1h, got {value!r}"
             ) from None
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """The configured matchers of each job (``selectors`` of the configuration), which every selector of a
+    rule or a dashboard panel starts with: the mixin's job selectors."""
+
+    serving: tuple[Matcher, ...]
+    exporter: tuple[Matcher, ...]
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Selectors:
+        configured = config["selectors"]
+        return cls(parse_matchers(configured["serving"]), parse_matchers(configured["exporter"]))
+
+    def for_serving(self, metric: str, *matchers: Matcher) -> Selector:
+        """``metric`` from instrumented serving processes, narrowed by ``matchers``."""
+        return Selector(metric, (*self.serving, *matchers))
+
+    def for_exporter(self, metric: str, *matchers: Matcher) -> Selector:
+        """``metric`` from inferwatch-exporter, narrowed by ``matchers``."""
+        return Selector(metric, (*self.exporter, *matchers))

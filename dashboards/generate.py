@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+from collections.abc import Mapping
+from typing import Any
 
 
-def generate() -> dict[str, str]:
-    """File name -> JSON text of every dashboard, built now from the code."""
+def generate(config: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """File name -> JSON text of every dashboard, built now from the code, with the selectors and
+    thresholds of ``config`` (a validated alerts configuration; default: the bundled one)."""
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
     from .layouts import DASHBOARDS
+    from .panels.queries import configured
 
-    return {
-        name: json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        for name, build in DASHBOARDS.items()
-    }
+    with configured(config):
+        return {
+            name: json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+            for name, build in DASHBOARDS.items()
+        }
 
 
 def bundled_files() -> dict[str, str]:

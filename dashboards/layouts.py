@@ -18,6 +18,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.cog import builder as cog
 from grafana_foundation_sdk.models import dashboard as models
 from inferwatch.common import names
+from inferwatch.common.promql import Selector, one_of, regex
 
 from .grafana import datasource_variable, query_variable, stat_panel, state_timeline_panel, timeseries_panel
 from .panels import (
@@ -29,6 +30,7 @@ from .panels import (
     memory,
     monitoring,
     prefill_decode,
+    queries,
     throughput,
 )
 
@@ -38,17 +40,15 @@ Section = tuple[str, Sequence[cog.Builder[models.Panel]]]
 
 def _variables() -> list[cog.Builder[models.VariableModel]]:
     # Instances of serving processes and of exporters both: one selection filters either kind of panel.
+    # (One selector cannot hold both jobs' configured matchers: this one names the two metrics only.)
+    info = Selector("", (regex("__name__", one_of([names.LLM_MODEL_INFO, names.GPU_INFO])),))
+    models = queries.serving_instance(names.LLM_MODEL_INFO)
+    gpus = queries.exporter_instance(names.GPU_INFO)
     return [
         datasource_variable(),
-        query_variable(
-            "instance",
-            "Instance",
-            f'label_values({{__name__=~"{names.LLM_MODEL_INFO}|{names.GPU_INFO}"}}, instance)',
-        ),
-        query_variable(
-            "model", "Model", f'label_values({names.LLM_MODEL_INFO}{{instance=~"$instance"}}, model)'
-        ),
-        query_variable("gpu", "GPU", f'label_values({names.GPU_INFO}{{instance=~"$instance"}}, gpu)'),
+        query_variable("instance", "Instance", f"label_values({info.render()}, instance)"),
+        query_variable("model", "Model", f"label_values({models.render()}, model)"),
+        query_variable("gpu", "GPU", f"label_values({gpus.render()}, gpu)"),
     ]
 
 

@@ -1,28 +1,33 @@
-"""A handful of PromQL expression shapes that can also be evaluated on two scrapes.
+"""The PromQL shapes the monitor reads, which it can also evaluate on two scrapes.
 
 ``inferwatch top`` and ``inferwatch diagnose --endpoint`` have no Prometheus: they scrape endpoints
 twice and compute rates and histogram quantiles from the differences. ``diagnose --prometheus`` asks a
 server instead. Each expression here does both, so the two paths compute the same thing and every
-figure a user is shown comes with the PromQL that reproduces it:
+figure a user is shown comes with the PromQL that reproduces it. The PromQL is written by
+:mod:`inferwatch.common.promql`, the vocabulary the alerts and dashboards use too:
 
-* :class:`Gauge` - ``sum by (model) (llm_requests_running)``
-* :class:`Rate` - ``sum by (model) (rate(llm_generation_tokens_total[1m]))``
-* :class:`Quantile` - ``histogram_quantile(0.99, sum by (le, model) (rate(X_bucket[1m])))``
+* :class:`Gauge` - ``sum by (job, instance, model) (llm_requests_running)``
+* :class:`Rate` - ``sum by (job, instance, model) (rate(llm_generation_tokens_total[1m]))``
+* :class:`Quantile` - ``histogram_quantile(0.99, sum by (job, instance, model, le) (rate(X_bucket[1m])))``
 * :class:`Ratio` - one expression divided by another with the same grouping.
 
 Evaluated locally, a rate is the counter's increase between the scrapes over the time between them
 (a counter that went down was reset, and its new value is the increase, as in Prometheus); a quantile
 interpolates linearly inside the bucket that holds the rank, exactly as ``histogram_quantile`` does.
+A scrape carries no ``job`` label: a group leaves out the labels its samples do not have, as a PromQL
+``by`` does.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from inferwatch.common import promql
+from inferwatch.common.promql import Selector
 from inferwatch.monitor.scrape import Labels, Sample, Snapshot
 
 Aggregation = Literal["sum", "avg", "max", "min"]
@@ -31,8 +36,12 @@ Vector = dict[Labels, float]
 
 
 class Expr(Protocol):
+    def query(self) -> promql.Expr:
+        """The PromQL expression; its ranges take the rate window it is rendered with."""
+        ...
+
     def promql(self, rate_window: str) -> str:
-        """The PromQL expression; range selectors use ``rate_window`` (e.g. ``1m``)."""
+        """The PromQL expression as text; range selectors use ``rate_window`` (e.g. ``1m``)."""
         ...
 
     def evaluate(self, earlier: Snapshot, later: Snapshot) -> Vector:
@@ -40,31 +49,31 @@ class Expr(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Selector:
-    """A metric name and equality matchers: ``gpu_clock_hz{clock="sm"}``."""
-
-    metric: str
-    matchers: tuple[tuple[str, str], ...] = ()
-
-    def promql(self, suffix: str = "") -> str:
-        if not self.matchers:
-            return self.metric + suffix
-        inner = ", ".join(f'{name}="{value}"' for name, value in self.matchers)
-        return f"{self.metric}{suffix}{{{inner}}}"
-
-    def select(self, snapshot: Snapshot, suffix: str = "") -> Iterable[Sample]:
-        wanted = set(self.matchers)
-        return (s for s in snapshot.samples(self.metric + suffix) if wanted <= set(s.labels))
+def select(selector: Selector, snapshot: Snapshot) -> Iterable[Sample]:
+    """The samples of ``snapshot`` that ``selector`` selects; a scrape is matched on equality only."""
+    if any(matcher.op != "=" for matcher in selector.matchers):
+        raise ValueError(f"{selector.render()}: only equality matchers can be evaluated on a scrape")
+    wanted = {(matcher.name, matcher.value) for matcher in selector.matchers}
+    return (s for s in snapshot.samples(selector.metric) if wanted <= set(s.labels))
 
 
-def _group(sample: Sample, by: tuple[str, ...]) -> Labels:
-    labels = dict(sample.labels)
+def group_of(labels: Mapping[str, str], by: tuple[str, ...]) -> Labels:
+    """The group of a series with ``labels`` when aggregated ``by``: the labels of ``by`` it has."""
     return tuple((name, labels[name]) for name in sorted(by) if name in labels)
 
 
-def _by_clause(by: tuple[str, ...]) -> str:
-    return ", ".join(by)
+def _group(sample: Sample, by: tuple[str, ...]) -> Labels:
+    return group_of(dict(sample.labels), by)
+
+
+class _Rendered:
+    """``promql()`` of an expression shape: its :meth:`query`, pretty-printed."""
+
+    def query(self) -> promql.Expr:
+        raise NotImplementedError
+
+    def promql(self, rate_window: str) -> str:
+        return self.query().pretty(rate_window)
 
 
 def _aggregate(values: dict[Labels, list[float]], how: Aggregation) -> Vector:
@@ -73,30 +82,30 @@ def _aggregate(values: dict[Labels, list[float]], how: Aggregation) -> Vector:
 
 
 @dataclass(frozen=True)
-class Gauge:
+class Gauge(_Rendered):
     """The current value of a gauge, aggregated by ``by``."""
 
     selector: Selector
     by: tuple[str, ...]
     aggregation: Aggregation = "sum"
 
-    def promql(self, rate_window: str) -> str:
-        return f"{self.aggregation} by ({_by_clause(self.by)}) ({self.selector.promql()})"
+    def query(self) -> promql.Expr:
+        return promql.aggregate(self.aggregation, self.selector, self.by)
 
     def evaluate(self, earlier: Snapshot, later: Snapshot) -> Vector:
         grouped: defaultdict[Labels, list[float]] = defaultdict(list)
-        for sample in self.selector.select(later):
+        for sample in select(self.selector, later):
             if not math.isnan(sample.value):
                 grouped[_group(sample, self.by)].append(sample.value)
         return _aggregate(grouped, self.aggregation)
 
 
 def _increases(
-    selector: Selector, suffix: str, earlier: Snapshot, later: Snapshot
+    selector: Selector, earlier: Snapshot, later: Snapshot
 ) -> Iterable[tuple[Sample, float, float]]:
     """(sample, increase, seconds) of every counter series present in both snapshots."""
-    before = {s.labels: s for s in selector.select(earlier, suffix)}
-    for sample in selector.select(later, suffix):
+    before = {s.labels: s for s in select(selector, earlier)}
+    for sample in select(selector, later):
         previous = before.get(sample.labels)
         if previous is None:
             continue  # a series needs two samples for a rate, as in Prometheus
@@ -105,18 +114,18 @@ def _increases(
 
 
 @dataclass(frozen=True)
-class Rate:
+class Rate(_Rendered):
     """Per-second increase of a counter (``selector.metric`` ends in ``_total``), summed by ``by``."""
 
     selector: Selector
     by: tuple[str, ...]
 
-    def promql(self, rate_window: str) -> str:
-        return f"sum by ({_by_clause(self.by)}) (rate({self.selector.promql()}[{rate_window}]))"
+    def query(self) -> promql.Expr:
+        return promql.sum_rate(self.selector, self.by)
 
     def evaluate(self, earlier: Snapshot, later: Snapshot) -> Vector:
         grouped: defaultdict[Labels, list[float]] = defaultdict(list)
-        for sample, increase, seconds in _increases(self.selector, "", earlier, later):
+        for sample, increase, seconds in _increases(self.selector, earlier, later):
             if seconds > 0:
                 grouped[_group(sample, self.by)].append(increase / seconds)
         return _aggregate(grouped, "sum")
@@ -159,20 +168,19 @@ def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:
 
 
 @dataclass(frozen=True)
-class Quantile:
+class Quantile(_Rendered):
     """The ``q`` quantile of a histogram's observations over the window, by ``by``."""
 
     q: float
     selector: Selector  # the histogram's base name, without _bucket
     by: tuple[str, ...]
 
-    def promql(self, rate_window: str) -> str:
-        buckets = f"rate({self.selector.promql('_bucket')}[{rate_window}])"
-        return f"histogram_quantile({self.q}, sum by (le, {_by_clause(self.by)}) ({buckets}))"
+    def query(self) -> promql.Expr:
+        return promql.histogram_quantile(self.q, self.selector, self.by)
 
     def evaluate(self, earlier: Snapshot, later: Snapshot) -> Vector:
         grouped: defaultdict[Labels, defaultdict[float, float]] = defaultdict(lambda: defaultdict(float))
-        for sample, increase, _ in _increases(self.selector, "_bucket", earlier, later):
+        for sample, increase, _ in _increases(self.selector.suffixed("_bucket"), earlier, later):
             grouped[_group(sample, self.by)][float(sample.label("le"))] += increase
         out = {}
         for group, buckets in grouped.items():
@@ -183,15 +191,15 @@ class Quantile:
 
 
 @dataclass(frozen=True)
-class Ratio:
+class Ratio(_Rendered):
     """``numerator / denominator``, both grouped by the same labels; groups with a zero (or missing)
     denominator have no value, as PromQL's division gives NaN or nothing there."""
 
     numerator: Expr
     denominator: Expr
 
-    def promql(self, rate_window: str) -> str:
-        return f"{self.numerator.promql(rate_window)}\n  / {self.denominator.promql(rate_window)}"
+    def query(self) -> promql.Expr:
+        return self.numerator.query() / self.denominator.query()
 
     def evaluate(self, earlier: Snapshot, later: Snapshot) -> Vector:
         numerator = self.numerator.evaluate(earlier, later)
@@ -205,6 +213,4 @@ class Ratio:
 
 def histogram_mean(selector: Selector, by: tuple[str, ...]) -> Ratio:
     """Mean observation over the window: rate of ``_sum`` over rate of ``_count``."""
-    total = Selector(selector.metric + "_sum", selector.matchers)
-    count = Selector(selector.metric + "_count", selector.matchers)
-    return Ratio(Rate(total, by), Rate(count, by))
+    return Ratio(Rate(selector.suffixed("_sum"), by), Rate(selector.suffixed("_count"), by))

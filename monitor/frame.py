@@ -17,7 +17,7 @@ from typing import Any
 from inferwatch.monitor import queries as q
 from inferwatch.monitor.checks.attribution import gpu_users, model_gpus
 from inferwatch.monitor.checks.thresholds import default_thresholds
-from inferwatch.monitor.expr import Expr
+from inferwatch.monitor.expr import Expr, group_of
 from inferwatch.monitor.scrape import Labels, Snapshot
 
 
@@ -160,9 +160,8 @@ def _label_values(snapshot: Snapshot, metric: str, key: tuple[str, ...], label: 
     found: defaultdict[Labels, set[str]] = defaultdict(set)
     for sample in snapshot.samples(metric):
         labels = dict(sample.labels)
-        group = tuple((name, labels.get(name, "")) for name in sorted(key))
         if labels.get(label):
-            found[group].add(labels[label])
+            found[group_of(labels, key)].add(labels[label])
     return {group: ",".join(sorted(values)) for group, values in found.items()}
 
 

@@ -3,19 +3,22 @@ docs/metrics.md: ``llm_*`` from instrumented serving processes, ``gpu_*``, ``hos
 ``inferwatch_process_*`` from ``inferwatch-exporter``, and ``process_*`` from prometheus_client's own
 process collector in the serving process.
 
-Model series are grouped per serving process (``instance``, ``model``): one replica can be host-bound
-while the others are not. GPU series are grouped by exporter, GPU index and UUID (``instance``, ``gpu``,
-``uuid``). A model is tied to its GPU by ``uuid`` alone, the label both sides carry as NVML spells it: its
-``device`` (``cuda:0``) is numbered by its own process and container, and its ``instance`` is the serving
-endpoint's address, not the exporter's.
+Model series are grouped per scrape target and model (``job``, ``instance``, ``model``: the one
+grouping of :data:`inferwatch.common.promql.PER_MODEL`, which the recording rules, alerts and
+dashboards use too): one replica can be host-bound while the others are not. GPU series are grouped
+by exporter, GPU index and UUID (``instance``, ``gpu``, ``uuid``). A model is tied to its GPU by
+``uuid`` alone, the label both sides carry as NVML spells it: its ``device`` (``cuda:0``) is numbered
+by its own process and container, and its ``instance`` is the serving endpoint's address, not the
+exporter's.
 """
 
 from __future__ import annotations
 
 from inferwatch.common import names
-from inferwatch.monitor.expr import Gauge, Quantile, Rate, Ratio, Selector, histogram_mean
+from inferwatch.common.promql import PER_MODEL, Selector, eq
+from inferwatch.monitor.expr import Gauge, Quantile, Rate, Ratio, histogram_mean
 
-MODEL = ("instance", "model")
+MODEL = PER_MODEL
 GPU = ("instance", "gpu", "uuid")
 PROCESS = ("instance", "pid", "comm")
 HOST = ("instance",)
@@ -37,7 +40,7 @@ PREFILL_MEAN = histogram_mean(Selector(names.LLM_REQUEST_PREFILL_SECONDS), MODEL
 PROMPT_TOKENS_MEAN = histogram_mean(Selector(names.LLM_REQUEST_PROMPT_TOKENS), MODEL)
 GENERATION_TOKENS_MEAN = histogram_mean(Selector(names.LLM_REQUEST_GENERATION_TOKENS), MODEL)
 BATCH_MEAN = histogram_mean(Selector(names.LLM_BATCH_SIZE), MODEL)
-DECODE_FORWARD_MEAN = histogram_mean(Selector(names.LLM_FORWARD_SECONDS, (("phase", "decode"),)), MODEL)
+DECODE_FORWARD_MEAN = histogram_mean(Selector(names.LLM_FORWARD_SECONDS, (eq("phase", "decode"),)), MODEL)
 TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), MODEL)
 TOTAL_TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), ())
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
@@ -53,8 +56,8 @@ FORWARD_TIME = Gauge(Selector(names.LLM_FORWARD_TIME_RATIO), MODEL, "avg")
 KV_BYTES = Gauge(Selector(names.LLM_KV_CACHE_BYTES), MODEL)
 KV_HEADROOM = Gauge(Selector(names.LLM_KV_CACHE_HEADROOM_TOKENS), MODEL, "min")
 # A paged KV cache (continuous batching) only: its blocks by state, and the scheduler's preemptions.
-KV_BLOCKS_USED = Gauge(Selector(names.LLM_KV_CACHE_BLOCKS, (("state", "used"),)), MODEL)
-KV_BLOCKS_TOTAL = Gauge(Selector(names.LLM_KV_CACHE_BLOCKS, (("state", "total"),)), MODEL)
+KV_BLOCKS_USED = Gauge(Selector(names.LLM_KV_CACHE_BLOCKS, (eq("state", "used"),)), MODEL)
+KV_BLOCKS_TOTAL = Gauge(Selector(names.LLM_KV_CACHE_BLOCKS, (eq("state", "total"),)), MODEL)
 KV_BLOCKS_USED_SHARE = Ratio(KV_BLOCKS_USED, KV_BLOCKS_TOTAL)
 KV_PREEMPTION_RATE = Rate(Selector(names.LLM_KV_CACHE_PREEMPTIONS_TOTAL), MODEL)
 OOM_RATE = Rate(Selector(names.LLM_OOM_EVENTS_TOTAL), MODEL)
@@ -62,7 +65,7 @@ ALLOC_RETRY_RATE = Rate(Selector(names.LLM_TORCH_ALLOC_RETRIES_TOTAL), ("instanc
 BANDWIDTH_UTIL = Gauge(Selector(names.LLM_DECODE_BANDWIDTH_UTILIZATION_RATIO), MODEL, "max")
 FLOPS_UTIL = Gauge(Selector(names.LLM_PREFILL_FLOPS_UTILIZATION_RATIO), MODEL, "max")
 TORCH_ALLOCATED = Gauge(
-    Selector(names.LLM_TORCH_MEMORY_BYTES, (("kind", "allocated"),)), ("instance", "device")
+    Selector(names.LLM_TORCH_MEMORY_BYTES, (eq("kind", "allocated"),)), ("instance", "device")
 )
 MODEL_INFO = Selector(names.LLM_MODEL_INFO)
 SERVING_INSTANCES = Gauge(MODEL_INFO, HOST, "max")
@@ -76,7 +79,7 @@ GPU_INFO = Selector(names.GPU_INFO)
 GPU_UP = Gauge(Selector(names.GPU_UP), GPU, "min")
 GPU_UTIL = Gauge(Selector(names.GPU_UTILIZATION_RATIO), GPU, "max")
 # NVML GPM, of the whole GPU (gpu_instance="": not of one MIG instance).
-WHOLE_GPU = (("gpu_instance", ""),)
+WHOLE_GPU = (eq("gpu_instance", ""),)
 SM_ACTIVE = Gauge(Selector(names.GPU_SM_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
 TENSOR_ACTIVE = Gauge(Selector(names.GPU_TENSOR_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
 FP32_ACTIVE = Gauge(Selector(names.GPU_FP32_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
@@ -86,12 +89,12 @@ GPU_MEMORY_TOTAL = Gauge(Selector(names.GPU_MEMORY_TOTAL_BYTES), GPU, "max")
 MEMORY_FREE_SHARE = Ratio(GPU_MEMORY_FREE, GPU_MEMORY_TOTAL)
 GPU_POWER = Gauge(Selector(names.GPU_POWER_WATTS), GPU, "max")
 GPU_POWER_LIMIT = Gauge(Selector(names.GPU_POWER_LIMIT_WATTS), GPU, "max")
-SM_CLOCK = Gauge(Selector(names.GPU_CLOCK_HZ, (("clock", "sm"),)), GPU, "max")
-SM_CLOCK_MAX = Gauge(Selector(names.GPU_CLOCK_MAX_HZ, (("clock", "sm"),)), GPU, "max")
+SM_CLOCK = Gauge(Selector(names.GPU_CLOCK_HZ, (eq("clock", "sm"),)), GPU, "max")
+SM_CLOCK_MAX = Gauge(Selector(names.GPU_CLOCK_MAX_HZ, (eq("clock", "sm"),)), GPU, "max")
 SM_CLOCK_SHARE = Ratio(SM_CLOCK, SM_CLOCK_MAX)
-GPU_TEMPERATURE = Gauge(Selector(names.GPU_TEMPERATURE_CELSIUS, (("sensor", "gpu"),)), GPU, "max")
+GPU_TEMPERATURE = Gauge(Selector(names.GPU_TEMPERATURE_CELSIUS, (eq("sensor", "gpu"),)), GPU, "max")
 GPU_SLOWDOWN_TEMPERATURE = Gauge(
-    Selector(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, (("kind", "slowdown"),)), GPU, "max"
+    Selector(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, (eq("kind", "slowdown"),)), GPU, "max"
 )
 CLOCK_EVENT_ACTIVE = Gauge(Selector(names.GPU_CLOCKS_EVENT_ACTIVE), (*GPU, "reason"), "max")
 CLOCK_EVENT_DUTY = Rate(Selector(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL), (*GPU, "reason"))
@@ -101,7 +104,7 @@ GPU_PODS = Gauge(Selector(names.GPU_KUBERNETES_POD_INFO), ("uuid", "namespace", 
 
 # --- the exporter: host and serving processes --------------------------------------------------------
 HOST_CPU_RATE = Rate(Selector(names.HOST_CPU_SECONDS_TOTAL), HOST)
-HOST_CPU_IDLE_RATE = Rate(Selector(names.HOST_CPU_SECONDS_TOTAL, (("mode", "idle"),)), HOST)
+HOST_CPU_IDLE_RATE = Rate(Selector(names.HOST_CPU_SECONDS_TOTAL, (eq("mode", "idle"),)), HOST)
 HOST_CPUS = Gauge(Selector(names.HOST_CPUS), HOST, "max")
 HOST_MEMORY_TOTAL = Gauge(Selector(names.HOST_MEMORY_TOTAL_BYTES), HOST, "max")
 HOST_MEMORY_AVAILABLE = Gauge(Selector(names.HOST_MEMORY_AVAILABLE_BYTES), HOST, "max")

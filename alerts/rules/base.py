@@ -1,44 +1,30 @@
-"""What every rule module builds on: the rule, one alert's configuration, rule groups, PromQL helpers.
+"""What every rule module builds on: the rule, one alert's configuration, rule groups, and the expression
+shapes several rules share.
 
 A rule group is an :class:`AlertGroup`; each alert in it is a function registered with
 :meth:`AlertGroup.alert` that receives its own slice of the configuration (:class:`Params`, which also
-builds selectors) and returns the rule(s) under its name. The functions hold the expressions and the
-words; config.yaml holds every number, selector and duration.
+builds selectors from the configured job matchers) and returns the rule(s) under its name. The functions
+hold the expressions, typed values of :mod:`inferwatch.common.promql`, and the words; config.yaml holds
+every number, selector and duration.
 """
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_MODEL, Selector, eq, num
 
-# Labels serving-side series are aggregated by: one series per scrape target and model.
-SERVING_BY = "job, instance, model"
-
-
-def promql(text: str) -> str:
-    """An expression written as an indented block in the source, as it should read in the YAML."""
-    return textwrap.dedent(text).strip()
-
-
-def num(value: float) -> str:
-    """A number as PromQL reads it, without float noise (0.144, not 0.14400000000000002)."""
-    return format(value, ".12g")
-
-
-def one_of(values: list[Any]) -> str:
-    """A regex alternation for a ``=~`` matcher."""
-    return "|".join(str(v) for v in values)
+from ..config import Selectors
 
 
 def bucket_bound(value: float) -> str:
     """A ``le`` regex matching a bucket bound however the client formatted it: Python clients write
     ``1.0``, Go clients ``1``."""
     forms = dict.fromkeys([repr(float(value)), num(value)])
-    return "|".join(form.replace(".", "\\\\.") for form in forms)
+    return "|".join(form.replace(".", "\\.") for form in forms)
 
 
 def label(name: str) -> str:
@@ -87,19 +73,13 @@ class Params:
     def __init__(self, name: str, config: Mapping[str, Any]) -> None:
         self.name = name
         self.values: Mapping[str, Any] = config["alerts"][name]
-        self.selectors: Mapping[str, str] = config["selectors"]
+        self.selectors = Selectors.of(config)
+        self.serving = self.selectors.for_serving
+        self.exporter = self.selectors.for_exporter
         self.runbook_url = f"{config['runbook_url']}#{name.lower()}"
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
-
-    def serving(self, metric: str, *matchers: str) -> str:
-        """``metric`` from instrumented serving processes, narrowed by ``matchers``."""
-        return selector(metric, self.selectors["serving"], matchers)
-
-    def exporter(self, metric: str, *matchers: str) -> str:
-        """``metric`` from inferwatch-exporter, narrowed by ``matchers``."""
-        return selector(metric, self.selectors["exporter"], matchers)
 
     def gpu_users(self) -> str:
         """The sentence of a GPU alert's description that names whom the fault affects: the instrumented
@@ -107,13 +87,16 @@ class Params:
         ``uuid`` when the alert is evaluated (a template query: the models are not labels of the GPU's
         series, and several can share one GPU)."""
 
-        def query(selector: str, by: str) -> str:
-            # printf's verbs: a % in a configured selector (a regex) must stay a %.
-            escaped = selector.replace("%", "%%").replace('uuid="UUID"', 'uuid="%s"')
-            return f"{{{{ range query (printf `max by ({by}) ({escaped})` $labels.uuid) }}}}"
+        placeholder = eq("uuid", "UUID")
 
-        models = query(self.serving(names.LLM_MODEL_INFO, 'uuid="UUID"'), "model, instance")
-        pods = query(self.exporter(names.GPU_KUBERNETES_POD_INFO, 'uuid="UUID"'), "namespace, pod")
+        def query(selector: Selector, by: tuple[str, ...]) -> str:
+            text = promql.aggregate("max", selector, by).render()
+            # printf's verbs: a % in a configured selector (a regex) must stay a %.
+            escaped = text.replace("%", "%%").replace(placeholder.render(), eq("uuid", "%s").render())
+            return f"{{{{ range query (printf `{escaped}` $labels.uuid) }}}}"
+
+        models = query(self.serving(names.LLM_MODEL_INFO, placeholder), ("model", "instance"))
+        pods = query(self.exporter(names.GPU_KUBERNETES_POD_INFO, placeholder), ("namespace", "pod"))
         model, pod = (
             "{{ .Labels.model }} on {{ .Labels.instance }}",
             "{{ .Labels.namespace }}/{{ .Labels.pod }}",
@@ -125,7 +108,7 @@ class Params:
 
     def rule(
         self,
-        expr: str,
+        expr: promql.Expr,
         summary: str,
         description: str,
         *,
@@ -136,7 +119,7 @@ class Params:
         values = self.values if values is None else values
         return AlertRule(
             name=self.name,
-            expr=expr,
+            expr=expr.pretty(),
             severity=values["severity"],
             for_=values["for"],
             summary=summary,
@@ -144,12 +127,6 @@ class Params:
             runbook_url=self.runbook_url,
             labels=labels or {},
         )
-
-
-def selector(metric: str, configured: str, matchers: tuple[str, ...]) -> str:
-    """``metric`` narrowed by the ``configured`` matchers of its job and by ``matchers``."""
-    parts = [m for m in (configured.strip().rstrip(","), *matchers) if m]
-    return f"{metric}{{{', '.join(parts)}}}" if parts else metric
 
 
 AlertBuilder = Callable[[Params], list[AlertRule]]
@@ -174,24 +151,22 @@ class AlertGroup:
         return register
 
 
-def events_above(counter: str, window: str, threshold: float, by: str | None = None) -> str:
+def events_above(
+    counter: Selector, window: str, threshold: float, by: tuple[str, ...] | None = None
+) -> promql.Expr:
     """Counter ``counter`` rose by more than ``threshold`` over ``window``, optionally summed ``by``.
 
     A counter whose label set is created at its first event (an XID code, an error kind) appears with
     value 1, a rise that increase() cannot see; so a series that did not exist ``window`` ago counts
     from zero, in a second branch. (When a group has both kinds, each branch is judged on its own.)
     """
-    new = f"({counter} unless {counter} offset {window})"
-    increase = f"increase({counter}[{window}])"
+    new: promql.Expr = counter.unless(promql.Offset(counter, window))
+    increase: promql.Expr = promql.increase(counter, window)
     if by is not None:
-        new, increase = f"sum by ({by}) {new}", f"sum by ({by}) ({increase})"
-    return f"{increase} > {num(threshold)}\nor\n{new} > {num(threshold)}"
+        new, increase = promql.aggregate("sum", new, by), promql.aggregate("sum", increase, by)
+    return increase.gt(threshold).or_(new.gt(threshold))
 
 
-def ratio_of_rates(numerator: str, denominator: str, window: str) -> str:
-    """Per (job, instance, model): rate of ``numerator`` over rate of ``denominator``."""
-    return promql(f"""
-        sum by ({SERVING_BY}) (rate({numerator}[{window}]))
-        /
-        sum by ({SERVING_BY}) (rate({denominator}[{window}]))
-    """)
+def per_model_ratio(numerator: Selector, denominator: Selector, window: str) -> promql.Expr:
+    """Per :data:`PER_MODEL` group: rate of ``numerator`` over rate of ``denominator``."""
+    return promql.ratio_of_rates(numerator, denominator, PER_MODEL, window)

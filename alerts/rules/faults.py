@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_TARGET, eq, one_of, regex
 
-from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label, one_of, promql
+from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label
 
 GROUP = AlertGroup("inferwatch-gpu-faults")
 
 
 @GROUP.alert("InferwatchGpuXidError")
 def _gpu_xid_error(p: Params) -> list[AlertRule]:
-    xids = p.exporter(names.GPU_XID_ERRORS_TOTAL, f'xid=~"{one_of(p["xids"])}"')
+    xids = p.exporter(names.GPU_XID_ERRORS_TOTAL, regex("xid", one_of(p["xids"])))
     window = p["window"]
     return [
         p.rule(
@@ -26,11 +27,11 @@ def _gpu_xid_error(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchGpuUncorrectableEccErrors")
 def _gpu_uncorrectable_ecc(p: Params) -> list[AlertRule]:
     # Volatile counts move at once; aggregate ones count the same errors again, later.
-    errors = p.exporter(names.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"', 'scope="volatile"')
+    errors = p.exporter(names.GPU_ECC_ERRORS_TOTAL, eq("type", "uncorrected"), eq("scope", "volatile"))
     window = p["window"]
     return [
         p.rule(
-            f"increase({errors}[{window}]) > 0",
+            promql.increase(errors, window).gt(0),
             f"{GPU} had uncorrectable ECC errors.",
             f"{GPU} counted {VALUE} uncorrectable ECC errors in the last {window}. "
             "Data in device memory was corrupted; processes using it may have crashed or computed "
@@ -44,7 +45,7 @@ def _gpu_row_remap_failure(p: Params) -> list[AlertRule]:
     failure = p.exporter(names.GPU_REMAPPED_ROWS_FAILED)
     return [
         p.rule(
-            f"{failure} == 1",
+            failure.eq(1),
             f"{GPU} failed to remap a memory row.",
             f"{GPU} reports a row-remapping failure: a bad memory row could not be replaced by a spare. "
             "The GPU needs service. " + p.gpu_users(),
@@ -57,7 +58,7 @@ def _gpu_row_remap_pending(p: Params) -> list[AlertRule]:
     pending = p.exporter(names.GPU_REMAPPED_ROWS_PENDING)
     return [
         p.rule(
-            f"{pending} == 1",
+            pending.eq(1),
             f"{GPU} needs a reset to remap a memory row.",
             f"{GPU} has had a row remapping pending for more than {p['for']}: it takes effect at the next "
             "GPU reset, until then the bad row is still in use. " + p.gpu_users(),
@@ -70,7 +71,7 @@ def _gpu_lost(p: Params) -> list[AlertRule]:
     up = p.exporter(names.GPU_UP)
     return [
         p.rule(
-            f"{up} == 0",
+            up.eq(0),
             f"{GPU} does not answer.",
             f"The exporter could not read {GPU} for more than {p['for']}: it fell off the bus, hung, or "
             "NVML fails on it. " + p.gpu_users(),
@@ -83,13 +84,11 @@ def _gpu_count_dropped(p: Params) -> list[AlertRule]:
     info = p.exporter(names.GPU_INFO)
     up = p.exporter(names.UP)
     lookback = p["lookback"]
-    expr = promql(f"""
-        (
-          count by (job, instance) ({info})
-            or on (job, instance) 0 * ({up} == 1)
-        )
-        < max_over_time(count by (job, instance) ({info})[{lookback}:5m])
-    """)
+    gpus = promql.aggregate("count", info, PER_TARGET)
+    # An exporter that is up and sees no GPU counts zero, not nothing.
+    now = gpus.or_(0 * up.eq(1), on=PER_TARGET)
+    most = promql.Call("max_over_time", (promql.Subquery(gpus, lookback, "5m"),))
+    expr = now.lt(most)
     return [
         p.rule(
             expr,

@@ -3,22 +3,18 @@ queue time, request errors (``llm_*`` from the serving processes)."""
 
 from __future__ import annotations
 
-import textwrap
-
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_MODEL, Selector, num, regex
 
 from .base import (
     MODEL,
-    SERVING_BY,
     VALUE_DURATION,
     VALUE_PERCENT,
     AlertGroup,
     AlertRule,
     Params,
     label,
-    num,
-    promql,
-    ratio_of_rates,
+    per_model_ratio,
 )
 from .recording import mean_record, slo_error_record
 
@@ -27,18 +23,14 @@ GROUP = AlertGroup("inferwatch-latency")
 
 @GROUP.alert("InferwatchLatencyFluctuation")
 def _latency_fluctuation(p: Params) -> list[AlertRule]:
-    mean = mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, p["mean_window"])
+    mean = Selector(mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, p["mean_window"]))
     window = p["window"]
     tokens = p.serving(f"{names.LLM_INTER_TOKEN_LATENCY_SECONDS}_count")
-    expr = promql(f"""
-        (
-          stddev_over_time({mean}[{window}])
-          /
-          avg_over_time({mean}[{window}])
-        ) > {num(p["coefficient_of_variation_above"])}
-        and on ({SERVING_BY})
-          sum by ({SERVING_BY}) (rate({tokens}[{window}])) > {num(p["min_tokens_per_second"])}
-    """)
+    expr = (
+        promql.coefficient_of_variation(mean, window)
+        .gt(p["coefficient_of_variation_above"])
+        .and_(promql.sum_rate(tokens, PER_MODEL, window).gt(p["min_tokens_per_second"]), on=PER_MODEL)
+    )
     return [
         p.rule(
             expr,
@@ -58,12 +50,10 @@ def _budget_burn(p: Params, metric: str, what: str) -> list[AlertRule]:
     for speed in ("fast", "slow"):
         settings = p[speed]
         long_window, short_window = settings["long_window"], settings["short_window"]
-        threshold = num(settings["burn_rate"] * budget)
-        expr = promql(f"""
-            {slo_error_record(metric, long_window)} > {threshold}
-            and
-            {slo_error_record(metric, short_window)} > {threshold}
-        """)
+        threshold = settings["burn_rate"] * budget
+        long_ratio = Selector(slo_error_record(metric, long_window))
+        short_ratio = Selector(slo_error_record(metric, short_window))
+        expr = long_ratio.gt(threshold).and_(short_ratio.gt(threshold))
         rules.append(
             p.rule(
                 expr,
@@ -92,17 +82,15 @@ def _itl_budget_burn(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchQueueTimeHigh")
 def _queue_time_high(p: Params) -> list[AlertRule]:
-    buckets = p.serving(f"{names.LLM_REQUEST_QUEUE_SECONDS}_bucket")
-    requests = p.serving(f"{names.LLM_REQUEST_QUEUE_SECONDS}_count")
+    queue = p.serving(names.LLM_REQUEST_QUEUE_SECONDS)
     window, quantile = p["window"], p["quantile_ratio"]
     percentile = f"p{num(quantile * 100)}"
-    expr = promql(f"""
-        histogram_quantile({num(quantile)},
-          sum by ({SERVING_BY}, le) (rate({buckets}[{window}]))
-        ) > {num(p["seconds_above"])}
-        and on ({SERVING_BY})
-          sum by ({SERVING_BY}) (rate({requests}[{window}])) > {num(p["min_requests_per_second"])}
-    """)
+    requests = promql.sum_rate(queue.suffixed("_count"), PER_MODEL, window)
+    expr = (
+        promql.histogram_quantile(quantile, queue, PER_MODEL, window)
+        .gt(p["seconds_above"])
+        .and_(requests.gt(p["min_requests_per_second"]), on=PER_MODEL)
+    )
     return [
         p.rule(
             expr,
@@ -118,11 +106,10 @@ def _queue_time_high(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchRequestErrors")
 def _request_errors(p: Params) -> list[AlertRule]:
     # A request the client abandoned (status="cancelled": a chat UI's stop button) is no failure.
-    failed = p.serving(names.LLM_REQUESTS_TOTAL, 'status=~"error|oom"')
+    failed = p.serving(names.LLM_REQUESTS_TOTAL, regex("status", "error|oom"))
     everything = p.serving(names.LLM_REQUESTS_TOTAL)
     window = p["window"]
-    ratio = textwrap.indent(ratio_of_rates(failed, everything, window), "  ")
-    expr = f"(\n{ratio}\n) > {num(p['error_ratio_above'])}"
+    expr = per_model_ratio(failed, everything, window).gt(p["error_ratio_above"])
     return [
         p.rule(
             expr,

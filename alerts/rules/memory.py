@@ -3,13 +3,13 @@ up, allocator retries, out-of-memory errors, leaks."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
 from inferwatch.common.durations import parse_duration
+from inferwatch.common.promql import PER_MODEL, PER_TARGET, eq, num
 
 from .base import (
     GPU,
     MODEL,
-    SERVING_BY,
     VALUE,
     VALUE_BYTES,
     VALUE_PERCENT,
@@ -18,8 +18,6 @@ from .base import (
     Params,
     events_above,
     label,
-    num,
-    promql,
 )
 
 GROUP = AlertGroup("inferwatch-memory")
@@ -30,7 +28,7 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
     headroom = p.serving(names.LLM_KV_CACHE_HEADROOM_TOKENS)
     return [
         p.rule(
-            f"{headroom} < {num(p['headroom_tokens_below'])}",
+            headroom.lt(p["headroom_tokens_below"]),
             f"Only {VALUE} more KV-cache tokens fit on the device of {MODEL}.",
             f"The KV cache of {MODEL} has room for only {VALUE} more tokens (threshold "
             f"{num(p['headroom_tokens_below'])}), for more than {p['for']}: in free device memory, or with "
@@ -45,14 +43,10 @@ def _kv_cache_headroom_low(p: Params) -> list[AlertRule]:
 def _kv_cache_nearly_full(p: Params) -> list[AlertRule]:
     # Only a paged KV cache (continuous batching) has blocks: models without one have no series here.
     # "used" blocks are the requests': prefix-cached ones are given to requests that need room.
-    used = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="used"')
-    total = p.serving(names.LLM_KV_CACHE_BLOCKS, 'state="total"')
-    expr = promql(f"""
-        sum by ({SERVING_BY}) ({used})
-        /
-        sum by ({SERVING_BY}) ({total})
-        > {num(p["used_ratio_above"])}
-    """)
+    used = p.serving(names.LLM_KV_CACHE_BLOCKS, eq("state", "used"))
+    total = p.serving(names.LLM_KV_CACHE_BLOCKS, eq("state", "total"))
+    share = promql.aggregate("sum", used, PER_MODEL) / promql.aggregate("sum", total, PER_MODEL)
+    expr = share.gt(p["used_ratio_above"])
     return [
         p.rule(
             expr,
@@ -72,7 +66,7 @@ def _kv_cache_preemptions(p: Params) -> list[AlertRule]:
     window = p["window"]
     return [
         p.rule(
-            events_above(preemptions, window, p["preemptions_above"], by=SERVING_BY),
+            events_above(preemptions, window, p["preemptions_above"], by=PER_MODEL),
             f"The continuous-batching scheduler of {MODEL} keeps preempting requests.",
             f"The scheduler of {MODEL} took {VALUE} requests off the device in the last {window} to free "
             f"KV-cache blocks (threshold {num(p['preemptions_above'])}), in every such window for more "
@@ -88,16 +82,9 @@ def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
     used = p.exporter(names.GPU_MEMORY_USED_BYTES)
     total = p.exporter(names.GPU_MEMORY_TOTAL_BYTES)
     horizon = p["horizon_window"]
-    expr = promql(f"""
-        (
-          predict_linear({used}[{p["window"]}], {num(parse_duration(horizon, promql=True))})
-            > {total}
-        )
-        and
-        (
-          {used} / {total} > {num(p["used_ratio_above"])}
-        )
-    """)
+    seconds = promql.Number(parse_duration(horizon, promql=True))
+    predicted = promql.Call("predict_linear", (promql.Range(used, p["window"]), seconds))
+    expr = predicted.gt(total).and_((used / total).gt(p["used_ratio_above"]))
     return [
         p.rule(
             expr,
@@ -114,7 +101,7 @@ def _allocator_retries(p: Params) -> list[AlertRule]:
     window = p["window"]
     return [
         p.rule(
-            f"increase({retries}[{window}]) > {num(p['retries_above'])}",
+            promql.increase(retries, window).gt(p["retries_above"]),
             f"The CUDA allocator on {label('device')} of {label('instance')} keeps retrying allocations.",
             f"torch's caching allocator on {label('device')} of {label('instance')} freed its cache and "
             f"retried a failed allocation {VALUE} times in the last {window} (threshold "
@@ -130,7 +117,7 @@ def _out_of_memory(p: Params) -> list[AlertRule]:
     window = p["window"]
     return [
         p.rule(
-            f"increase({ooms}[{window}]) > 0",
+            promql.increase(ooms, window).gt(0),
             f"{MODEL} ran out of device memory.",
             f"Out-of-memory errors raised by {MODEL} in the last {window}: {VALUE}. The requests that "
             "hit them failed.",
@@ -140,22 +127,15 @@ def _out_of_memory(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchMemoryLeak")
 def _memory_leak(p: Params) -> list[AlertRule]:
-    allocated = p.serving(names.LLM_TORCH_MEMORY_BYTES, 'kind="allocated"')
+    allocated = p.serving(names.LLM_TORCH_MEMORY_BYTES, eq("kind", "allocated"))
     tokens = p.serving(names.LLM_GENERATION_TOKENS_TOTAL)
     floor, lookback = p["floor_window"], p["lookback"]
-    load_now = f"sum by (job, instance) (rate({tokens}[{floor}]))"
-    load_before = f"sum by (job, instance) (rate({tokens}[{floor}] offset {lookback}))"
-    expr = promql(f"""
-        (
-          min_over_time({allocated}[{floor}])
-            - min_over_time({allocated}[{floor}] offset {lookback})
-        ) > {num(p["growth_bytes_above"])}
-        and on (job, instance)
-        (
-          {load_now}
-            <= {num(1 + p["load_growth_ratio"])} * {load_before}
-        )
-    """)
+    growth = promql.over_time("min", allocated, floor) - promql.over_time("min", allocated, floor, lookback)
+    load_now = promql.aggregate("sum", promql.rate(tokens, floor), PER_TARGET)
+    load_before = promql.aggregate("sum", promql.rate(tokens, floor, lookback), PER_TARGET)
+    expr = growth.gt(p["growth_bytes_above"]).and_(
+        load_now.le((1 + p["load_growth_ratio"]) * load_before), on=PER_TARGET
+    )
     return [
         p.rule(
             expr,

@@ -3,11 +3,11 @@ requests queueing for a model."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_MODEL, num
 
 from .base import (
     MODEL,
-    SERVING_BY,
     VALUE,
     VALUE_DURATION,
     VALUE_PERCENT,
@@ -15,8 +15,6 @@ from .base import (
     AlertRule,
     Params,
     label,
-    num,
-    promql,
 )
 
 GROUP = AlertGroup("inferwatch-serving")
@@ -27,11 +25,8 @@ def _host_bound(p: Params) -> list[AlertRule]:
     busy = p.serving(names.LLM_GPU_BUSY_RATIO)
     running = p.serving(names.LLM_REQUESTS_RUNNING)
     window = p["window"]
-    expr = promql(f"""
-        {busy} < {num(p["busy_ratio_below"])}
-        and on ({SERVING_BY})
-          avg_over_time({running}[{window}]) > {num(p["requests_running_above"])}
-    """)
+    in_flight = promql.over_time("avg", running, window).gt(p["requests_running_above"])
+    expr = busy.lt(p["busy_ratio_below"]).and_(in_flight, on=PER_MODEL)
     return [
         p.rule(
             expr,
@@ -52,7 +47,7 @@ def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
     process = f"Serving process {label('comm')} (pid {label('pid')}) on {label('instance')}"
     return [
         p.rule(
-            f"sum by (job, instance, pid, comm) (rate({cpu}[{window}])) > {num(p['cpu_cores_above'])}",
+            promql.sum_rate(cpu, ("job", "instance", "pid", "comm"), window).gt(p["cpu_cores_above"]),
             f"{process} uses {VALUE} CPU cores.",
             f"{process} used {VALUE} CPU seconds per second (user and system) over the "
             f"last {window} (threshold {num(p['cpu_cores_above'])}): a Python serving loop is bound to one "
@@ -65,11 +60,7 @@ def _serving_cpu_saturated(p: Params) -> list[AlertRule]:
 def _engine_stalled(p: Params) -> list[AlertRule]:
     last_step = p.serving(names.LLM_LAST_STEP_TIMESTAMP_SECONDS)
     running = p.serving(names.LLM_REQUESTS_RUNNING)
-    expr = promql(f"""
-        time() - {last_step} > {num(p["stall_seconds_above"])}
-        and on ({SERVING_BY})
-          {running} > 0
-    """)
+    expr = (promql.time() - last_step).gt(p["stall_seconds_above"]).and_(running.gt(0), on=PER_MODEL)
     return [
         p.rule(
             expr,
@@ -84,7 +75,8 @@ def _engine_stalled(p: Params) -> list[AlertRule]:
 def _requests_queueing(p: Params) -> list[AlertRule]:
     waiting = p.serving(names.LLM_REQUESTS_WAITING)
     window = p["window"]
-    expr = f"sum by ({SERVING_BY}) (avg_over_time({waiting}[{window}])) > {num(p['requests_waiting_above'])}"
+    waiting_mean = promql.aggregate("sum", promql.over_time("avg", waiting, window), PER_MODEL)
+    expr = waiting_mean.gt(p["requests_waiting_above"])
     return [
         p.rule(
             expr,

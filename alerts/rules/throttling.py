@@ -3,19 +3,23 @@ near slowdown (``gpu_*`` from the exporter)."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import eq, num, one_of, regex
 
-from .base import GPU, VALUE, VALUE_PERCENT, AlertGroup, AlertRule, Params, label, num, one_of, promql
+from .base import GPU, VALUE, VALUE_PERCENT, AlertGroup, AlertRule, Params, label
+
+# A GPU's series match on these labels.
+ON_GPU = ("job", "instance", "gpu")
 
 GROUP = AlertGroup("inferwatch-gpu-throttling")
 
 
 @GROUP.alert("InferwatchGpuHardwareSlowdown")
 def _gpu_hardware_slowdown(p: Params) -> list[AlertRule]:
-    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, f'reason=~"{one_of(p["reasons"])}"')
+    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, regex("reason", one_of(p["reasons"])))
     return [
         p.rule(
-            f"{active} == 1",
+            active.eq(1),
             f"{GPU} is in hardware slowdown ({label('reason')}).",
             f"{GPU} has reported clocks-event reason {label('reason')} for more than {p['for']}: the "
             "hardware itself cut the clocks (overheating, a power brake from the board or the power "
@@ -27,19 +31,16 @@ def _gpu_hardware_slowdown(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuClocksThrottled")
 def _gpu_clocks_throttled(p: Params) -> list[AlertRule]:
-    clock = p.exporter(names.GPU_CLOCK_HZ, 'clock="sm"')
-    max_clock = p.exporter(names.GPU_CLOCK_MAX_HZ, 'clock="sm"')
+    clock = p.exporter(names.GPU_CLOCK_HZ, eq("clock", "sm"))
+    max_clock = p.exporter(names.GPU_CLOCK_MAX_HZ, eq("clock", "sm"))
     busy = p.exporter(names.GPU_UTILIZATION_RATIO)
-    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, f'reason=~"{one_of(p["reasons"])}"')
-    expr = promql(f"""
-        (
-          {clock} / {max_clock} < {num(p["clock_ratio_below"])}
-        )
-        and on (job, instance, gpu)
-          ({busy} > {num(p["utilization_ratio_above"])})
-        and on (job, instance, gpu)
-          (max by (job, instance, gpu) ({active}) == 1)
-    """)
+    active = p.exporter(names.GPU_CLOCKS_EVENT_ACTIVE, regex("reason", one_of(p["reasons"])))
+    expr = (
+        (clock / max_clock)
+        .lt(p["clock_ratio_below"])
+        .and_(busy.gt(p["utilization_ratio_above"]), on=ON_GPU)
+        .and_(promql.aggregate("max", active, ON_GPU).eq(1), on=ON_GPU)
+    )
     return [
         p.rule(
             expr,
@@ -54,11 +55,11 @@ def _gpu_clocks_throttled(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuThrottleDutyCycleHigh")
 def _gpu_throttle_duty_cycle(p: Params) -> list[AlertRule]:
-    seconds = p.exporter(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, f'reason=~"{one_of(p["reasons"])}"')
+    seconds = p.exporter(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, regex("reason", one_of(p["reasons"])))
     window = p["window"]
     return [
         p.rule(
-            f"rate({seconds}[{window}]) > {num(p['duty_cycle_ratio_above'])}",
+            promql.rate(seconds, window).gt(p["duty_cycle_ratio_above"]),
             f"{GPU} spends {VALUE_PERCENT} of its time throttled by {label('reason')}.",
             f"{GPU} was throttled by {label('reason')} for {VALUE_PERCENT} of the last {window} "
             f"(threshold {num(p['duty_cycle_ratio_above'] * 100)}%), for more than {p['for']}. "
@@ -70,14 +71,10 @@ def _gpu_throttle_duty_cycle(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchGpuTemperatureNearSlowdown")
 def _gpu_temperature_near_slowdown(p: Params) -> list[AlertRule]:
-    threshold = p.exporter(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, 'kind="slowdown"')
-    temperature = p.exporter(names.GPU_TEMPERATURE_CELSIUS, 'sensor="gpu"')
-    expr = promql(f"""
-        {threshold}
-          - ignoring (kind, sensor)
-        {temperature}
-          < {num(p["margin_celsius_below"])}
-    """)
+    threshold = p.exporter(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, eq("kind", "slowdown"))
+    temperature = p.exporter(names.GPU_TEMPERATURE_CELSIUS, eq("sensor", "gpu"))
+    margin = threshold.minus(temperature, promql.Matching(("kind", "sensor"), ignoring=True))
+    expr = margin.lt(p["margin_celsius_below"])
     return [
         p.rule(
             expr,

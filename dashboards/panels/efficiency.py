@@ -3,15 +3,26 @@ of wall time), decode bandwidth and prefill FLOPs utilization, and the serving p
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_MODEL, PER_TARGET
 
-from ..grafana import GREEN, YELLOW, PanelSpec, Query, above, below, steps
-from .queries import INSTANCE, MODELS_GPU, SERVING, alert_settings, on_models_gpu, sel, summed
+from ..grafana import GREEN, YELLOW, PanelSpec, above, below, steps
+from .queries import (
+    MODEL_LEGEND,
+    alert_settings,
+    exporter_instance,
+    models_gpu,
+    on_models_gpu,
+    query,
+    serving,
+)
 
 
 def busy_ratio() -> PanelSpec:
     limit = alert_settings("InferwatchHostBound")["busy_ratio_below"]
-    busy = f"avg by (model, device, uuid, source) ({sel(names.LLM_GPU_BUSY_RATIO, SERVING)})"
+    busy = promql.aggregate(
+        "avg", serving(names.LLM_GPU_BUSY_RATIO), (*PER_MODEL, "device", "uuid", "source")
+    )
     return PanelSpec(
         "Device busy ratio",
         "Fraction of wall time the GPU ran the serving process's kernels (NVML: the process's own "
@@ -20,19 +31,19 @@ def busy_ratio() -> PanelSpec:
         "Models on the CPU have none.",
         "percentunit",
         below(limit),
-        [Query(busy, "{{model}} {{device}} ({{source}})")],
+        [query(busy, f"{MODEL_LEGEND} {{{{device}}}} ({{{{source}}}})")],
     )
 
 
 def busy_ratio_vs_nvml() -> PanelSpec:
     spec = busy_ratio()
-    nvml = Query(
-        on_models_gpu(f"max by (uuid, gpu) ({sel(names.GPU_UTILIZATION_RATIO, MODELS_GPU)})"),
-        "NVML utilization of {{model}}'s GPU {{gpu}}",
+    nvml = query(
+        on_models_gpu(promql.aggregate("max", models_gpu(names.GPU_UTILIZATION_RATIO), ("uuid", "gpu"))),
+        "NVML utilization of {{model}}'s GPU {{gpu}} ({{instance}})",
     )
-    forwards = Query(
-        f"avg by (model, device) ({sel(names.LLM_FORWARD_TIME_RATIO, SERVING)})",
-        "{{model}} {{device}} inside forward passes",
+    forwards = query(
+        promql.aggregate("avg", serving(names.LLM_FORWARD_TIME_RATIO), (*PER_MODEL, "device")),
+        f"{MODEL_LEGEND} {{{{device}}}} inside forward passes",
     )
     return PanelSpec(
         "Device busy ratio and NVML utilization",
@@ -53,7 +64,12 @@ def _utilization(metric: str, title: str, description: str) -> PanelSpec:
         description,
         "percentunit",
         steps((None, GREEN), (0.8, YELLOW)),
-        [Query(f"avg by (model, device) ({sel(metric, SERVING)})", "{{model}} {{device}}")],
+        [
+            query(
+                promql.aggregate("avg", serving(metric), (*PER_MODEL, "device")),
+                f"{MODEL_LEGEND} {{{{device}}}}",
+            )
+        ],
     )
 
 
@@ -83,8 +99,11 @@ def serving_process_cpu() -> PanelSpec:
         "short",
         above(limit),
         [
-            Query(
-                summed("rate", names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL, INSTANCE, "instance, pid, comm"),
+            query(
+                promql.sum_rate(
+                    exporter_instance(names.INFERWATCH_PROCESS_CPU_SECONDS_TOTAL),
+                    (*PER_TARGET, "pid", "comm"),
+                ),
                 "{{comm}} ({{pid}}) {{instance}}",
             )
         ],

@@ -3,10 +3,11 @@ against their maximum, clocks-event reasons and throttle time, P-state."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import eq, one_of, regex
 
-from ..grafana import GREEN, RATE, RED, YELLOW, PanelSpec, Query, above, below, normal, steps
-from .queries import GPU, MODELS_GPU, alert_settings, on_models_gpu, sel
+from ..grafana import GREEN, RED, YELLOW, PanelSpec, above, below, normal, steps
+from .queries import alert_settings, gpu, models_gpu, on_models_gpu, query
 
 
 def power() -> PanelSpec:
@@ -17,8 +18,8 @@ def power() -> PanelSpec:
         "watt",
         normal(),
         [
-            Query(sel(names.GPU_POWER_WATTS, GPU), "draw GPU {{gpu}} {{instance}}"),
-            Query(sel(names.GPU_POWER_LIMIT_WATTS, GPU), "limit GPU {{gpu}} {{instance}}"),
+            query(gpu(names.GPU_POWER_WATTS), "draw GPU {{gpu}} {{instance}}"),
+            query(gpu(names.GPU_POWER_LIMIT_WATTS), "limit GPU {{gpu}} {{instance}}"),
         ],
     )
 
@@ -30,9 +31,9 @@ def temperature() -> PanelSpec:
         "celsius",
         steps((None, GREEN), (80, YELLOW), (90, RED)),
         [
-            Query(sel(names.GPU_TEMPERATURE_CELSIUS, GPU), "{{sensor}} GPU {{gpu}} {{instance}}"),
-            Query(
-                sel(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, GPU, 'kind=~"slowdown|shutdown"'),
+            query(gpu(names.GPU_TEMPERATURE_CELSIUS), "{{sensor}} GPU {{gpu}} {{instance}}"),
+            query(
+                gpu(names.GPU_TEMPERATURE_THRESHOLD_CELSIUS, regex("kind", "slowdown|shutdown")),
                 "{{kind}} threshold GPU {{gpu}} {{instance}}",
             ),
         ],
@@ -46,9 +47,9 @@ def clocks() -> PanelSpec:
         "hertz",
         normal(),
         [
-            Query(sel(names.GPU_CLOCK_HZ, GPU, 'clock=~"sm|memory"'), "{{clock}} GPU {{gpu}} {{instance}}"),
-            Query(
-                sel(names.GPU_CLOCK_MAX_HZ, GPU, 'clock=~"sm|memory"'),
+            query(gpu(names.GPU_CLOCK_HZ, regex("clock", "sm|memory")), "{{clock}} GPU {{gpu}} {{instance}}"),
+            query(
+                gpu(names.GPU_CLOCK_MAX_HZ, regex("clock", "sm|memory")),
                 "{{clock}} max GPU {{gpu}} {{instance}}",
             ),
         ],
@@ -57,26 +58,26 @@ def clocks() -> PanelSpec:
 
 def sm_clock_ratio() -> PanelSpec:
     limit = alert_settings("InferwatchGpuClocksThrottled")["clock_ratio_below"]
-    sm = sel(names.GPU_CLOCK_HZ, GPU, 'clock="sm"')
-    sm_max = sel(names.GPU_CLOCK_MAX_HZ, GPU, 'clock="sm"')
+    sm = gpu(names.GPU_CLOCK_HZ, eq("clock", "sm"))
+    sm_max = gpu(names.GPU_CLOCK_MAX_HZ, eq("clock", "sm"))
     return PanelSpec(
         "SM clock / maximum",
         f"The SM clock as a fraction of its maximum; below {limit:.0%} while busy and with a SW power or "
         "thermal reason active, InferwatchGpuClocksThrottled fires.",
         "percentunit",
         below(limit),
-        [Query(f"{sm} / {sm_max}", "GPU {{gpu}} {{instance}}")],
+        [query(sm / sm_max, "GPU {{gpu}} {{instance}}")],
     )
 
 
 def models_gpu_clocks() -> PanelSpec:
     limit = alert_settings("InferwatchGpuClocksThrottled")["clock_ratio_below"]
-    duty_reasons = "|".join(alert_settings("InferwatchGpuThrottleDutyCycleHigh")["reasons"])
-    sm = sel(names.GPU_CLOCK_HZ, MODELS_GPU, 'clock="sm"')
-    sm_max = sel(names.GPU_CLOCK_MAX_HZ, MODELS_GPU, 'clock="sm"')
-    share = f"(max by (uuid, gpu) ({sm}) / max by (uuid, gpu) ({sm_max}))"
-    held_back = sel(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, MODELS_GPU, f'reason=~"{duty_reasons}"')
-    throttled = f"sum by (uuid, gpu) (rate({held_back}[{RATE}]))"
+    duty_reasons = one_of(alert_settings("InferwatchGpuThrottleDutyCycleHigh")["reasons"])
+    by_gpu = ("uuid", "gpu")
+    sm = promql.aggregate("max", models_gpu(names.GPU_CLOCK_HZ, eq("clock", "sm")), by_gpu)
+    sm_max = promql.aggregate("max", models_gpu(names.GPU_CLOCK_MAX_HZ, eq("clock", "sm")), by_gpu)
+    held_back = models_gpu(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, regex("reason", duty_reasons))
+    throttled = promql.sum_rate(held_back, by_gpu)
     return PanelSpec(
         "Each model's GPU: SM clock and throttle time",
         "For each selected model, the GPU it runs on (found by its UUID, whatever the model's process calls "
@@ -86,8 +87,8 @@ def models_gpu_clocks() -> PanelSpec:
         "percentunit",
         below(limit),
         [
-            Query(on_models_gpu(share), "SM clock {{model}} (GPU {{gpu}})"),
-            Query(on_models_gpu(throttled), "throttled {{model}} (GPU {{gpu}})"),
+            query(on_models_gpu(sm / sm_max), "SM clock {{model}} {{instance}} (GPU {{gpu}})"),
+            query(on_models_gpu(throttled), "throttled {{model}} {{instance}} (GPU {{gpu}})"),
         ],
     )
 
@@ -100,8 +101,10 @@ def clocks_event_reasons() -> PanelSpec:
         "none",
         normal(),
         [
-            Query(
-                f"max by (instance, gpu, reason) ({sel(names.GPU_CLOCKS_EVENT_ACTIVE, GPU)})",
+            query(
+                promql.aggregate(
+                    "max", gpu(names.GPU_CLOCKS_EVENT_ACTIVE), ("job", "instance", "gpu", "reason")
+                ),
                 "GPU {{gpu}} {{reason}}",
             )
         ],
@@ -119,12 +122,7 @@ def throttle_duty_cycle() -> PanelSpec:
         f"episodes between polls). InferwatchGpuThrottleDutyCycleHigh fires above {limit:.0%}.",
         "percentunit",
         above(limit),
-        [
-            Query(
-                f"rate({sel(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL, GPU)}[{RATE}])",
-                "GPU {{gpu}} {{reason}}",
-            )
-        ],
+        [query(promql.rate(gpu(names.GPU_CLOCKS_EVENT_SECONDS_TOTAL)), "GPU {{gpu}} {{reason}}")],
     )
 
 
@@ -134,5 +132,5 @@ def pstate() -> PanelSpec:
         "P0 is maximum performance; a busy GPU in a higher P-state is held back.",
         "none",
         steps((None, GREEN), (1, YELLOW)),
-        [Query(sel(names.GPU_PSTATE, GPU), "GPU {{gpu}} {{instance}}")],
+        [query(gpu(names.GPU_PSTATE), "GPU {{gpu}} {{instance}}")],
     )

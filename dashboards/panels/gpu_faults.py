@@ -3,10 +3,10 @@ memory per process."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
 
-from ..grafana import RATE, PanelSpec, Query, above, below, normal
-from .queries import GPU, sel
+from ..grafana import PanelSpec, above, below, normal
+from .queries import gpu, query
 
 
 def xid_errors() -> PanelSpec:
@@ -16,7 +16,7 @@ def xid_errors() -> PanelSpec:
         "driver ones.",
         "short",
         above(1),
-        [Query(f"increase({sel(names.GPU_XID_ERRORS_TOTAL, GPU)}[{RATE}])", "GPU {{gpu}} XID {{xid}}")],
+        [query(promql.increase(gpu(names.GPU_XID_ERRORS_TOTAL)), "GPU {{gpu}} XID {{xid}}")],
     )
 
 
@@ -26,11 +26,7 @@ def ecc_errors() -> PanelSpec:
         "Corrected and uncorrected ECC errors, volatile (since driver load) and aggregate.",
         "short",
         above(1),
-        [
-            Query(
-                f"increase({sel(names.GPU_ECC_ERRORS_TOTAL, GPU)}[{RATE}])", "GPU {{gpu}} {{type}} {{scope}}"
-            )
-        ],
+        [query(promql.increase(gpu(names.GPU_ECC_ERRORS_TOTAL)), "GPU {{gpu}} {{type}} {{scope}}")],
     )
 
 
@@ -41,9 +37,9 @@ def remapped_rows() -> PanelSpec:
         "short",
         above(1),
         [
-            Query(sel(names.GPU_REMAPPED_ROWS, GPU), "GPU {{gpu}} {{cause}}"),
-            Query(sel(names.GPU_REMAPPED_ROWS_PENDING, GPU), "GPU {{gpu}} pending"),
-            Query(sel(names.GPU_REMAPPED_ROWS_FAILED, GPU), "GPU {{gpu}} failed"),
+            query(gpu(names.GPU_REMAPPED_ROWS), "GPU {{gpu}} {{cause}}"),
+            query(gpu(names.GPU_REMAPPED_ROWS_PENDING), "GPU {{gpu}} pending"),
+            query(gpu(names.GPU_REMAPPED_ROWS_FAILED), "GPU {{gpu}} failed"),
         ],
     )
 
@@ -54,7 +50,7 @@ def gpu_up() -> PanelSpec:
         "1 while the exporter reads the GPU; 0 when it is lost (fell off the bus), hung, or NVML fails.",
         "none",
         below(1),
-        [Query(sel(names.GPU_UP, GPU), "GPU {{gpu}} {{instance}}")],
+        [query(gpu(names.GPU_UP), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -66,10 +62,10 @@ def pcie_link() -> PanelSpec:
         "none",
         normal(),
         [
-            Query(sel(names.GPU_PCIE_LINK_GEN, GPU), "gen GPU {{gpu}}"),
-            Query(sel(names.GPU_PCIE_LINK_MAX_GEN, GPU), "max gen GPU {{gpu}}"),
-            Query(sel(names.GPU_PCIE_LINK_WIDTH, GPU), "width GPU {{gpu}}"),
-            Query(sel(names.GPU_PCIE_LINK_MAX_WIDTH, GPU), "max width GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_LINK_GEN), "gen GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_LINK_MAX_GEN), "max gen GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_LINK_WIDTH), "width GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_LINK_MAX_WIDTH), "max width GPU {{gpu}}"),
         ],
     )
 
@@ -83,9 +79,9 @@ def pcie_traffic() -> PanelSpec:
         "Bps",
         normal(),
         [
-            Query(sel(names.GPU_PCIE_TX_BYTES_PER_SECOND, GPU), "tx GPU {{gpu}}"),
-            Query(sel(names.GPU_PCIE_RX_BYTES_PER_SECOND, GPU), "rx GPU {{gpu}}"),
-            Query(f"rate({sel(names.GPU_PCIE_REPLAYS_TOTAL, GPU)}[{RATE}])", "replays/s GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_TX_BYTES_PER_SECOND), "tx GPU {{gpu}}"),
+            query(gpu(names.GPU_PCIE_RX_BYTES_PER_SECOND), "rx GPU {{gpu}}"),
+            query(promql.rate(gpu(names.GPU_PCIE_REPLAYS_TOTAL)), "replays/s GPU {{gpu}}"),
         ],
     )
 
@@ -96,5 +92,5 @@ def process_gpu_memory() -> PanelSpec:
         "Device memory per compute process (the largest ones), as the driver sees it.",
         "bytes",
         normal(),
-        [Query(sel(names.GPU_PROCESS_MEMORY_BYTES, GPU), "GPU {{gpu}} {{comm}} ({{pid}})")],
+        [query(gpu(names.GPU_PROCESS_MEMORY_BYTES), "GPU {{gpu}} {{comm}} ({{pid}})")],
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from inferwatch.common import names
 
-from ..grafana import GREEN, YELLOW, PanelSpec, Query, normal, steps
-from .queries import GPU, alert_settings, sel
+from ..grafana import GREEN, YELLOW, PanelSpec, normal, steps
+from .queries import alert_settings, gpu, query
 
 
 def gpu_utilization() -> PanelSpec:
@@ -16,7 +16,7 @@ def gpu_utilization() -> PanelSpec:
         "Fraction of time a kernel was running (NVML, mean of its samples since the last poll).",
         "percentunit",
         steps((None, GREEN), (0.9, YELLOW)),
-        [Query(sel(names.GPU_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{instance}}")],
+        [query(gpu(names.GPU_UTILIZATION_RATIO), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -26,7 +26,7 @@ def memory_bandwidth_utilization() -> PanelSpec:
         "Fraction of time device memory was read or written (NVML).",
         "percentunit",
         steps((None, GREEN), (0.9, YELLOW)),
-        [Query(sel(names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{instance}}")],
+        [query(gpu(names.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO), "GPU {{gpu}} {{instance}}")],
     )
 
 
@@ -39,8 +39,8 @@ def device_memory() -> PanelSpec:
         "bytes",
         normal(),
         [
-            Query(sel(names.GPU_MEMORY_USED_BYTES, GPU), "used GPU {{gpu}} {{instance}}"),
-            Query(sel(names.GPU_MEMORY_TOTAL_BYTES, GPU), "total GPU {{gpu}} {{instance}}"),
+            query(gpu(names.GPU_MEMORY_USED_BYTES), "used GPU {{gpu}} {{instance}}"),
+            query(gpu(names.GPU_MEMORY_TOTAL_BYTES), "total GPU {{gpu}} {{instance}}"),
         ],
     )
 
@@ -85,7 +85,7 @@ def _activity_panel(title: str, description: str, *series: tuple[str, str]) -> P
         description,
         "percentunit",
         normal(),
-        [Query(sel(metric, GPU), f"{what} {legend}") for metric, what in series],
+        [query(gpu(metric), f"{what} {legend}") for metric, what in series],
     )
 
 
@@ -96,5 +96,5 @@ def process_sm_utilization() -> PanelSpec:
         "keeps the GPU busy.",
         "percentunit",
         normal(),
-        [Query(sel(names.GPU_PROCESS_SM_UTILIZATION_RATIO, GPU), "GPU {{gpu}} {{comm}} ({{pid}})")],
+        [query(gpu(names.GPU_PROCESS_SM_UTILIZATION_RATIO), "GPU {{gpu}} {{comm}} ({{pid}})")],
     )

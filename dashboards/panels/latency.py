@@ -3,10 +3,11 @@ per output token, and the fluctuation the latency alert watches."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.alerts.rules.recording import mean_record
+from inferwatch.common import names, promql
 
 from ..grafana import RATE, PanelSpec, Query, above, normal
-from .queries import QUANTILES, alert_settings, mean, percentile
+from .queries import MODEL_LEGEND, QUANTILES, alert_settings, mean, percentile, query, serving
 
 
 def _latency(
@@ -79,7 +80,7 @@ def per_request_token_time() -> PanelSpec:
             percentile(names.LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, 0.99),
             Query(
                 percentile(names.LLM_REQUEST_MAX_INTER_TOKEN_LATENCY_SECONDS, 0.99).expr,
-                "worst stall p99 {{model}}",
+                f"worst stall p99 {MODEL_LEGEND}",
             ),
         ],
     )
@@ -87,19 +88,15 @@ def per_request_token_time() -> PanelSpec:
 
 def latency_fluctuation() -> PanelSpec:
     settings = alert_settings("InferwatchLatencyFluctuation")
-    window = settings["window"]
-    means = mean(names.LLM_INTER_TOKEN_LATENCY_SECONDS).expr
+    window, mean_window = settings["window"], settings["mean_window"]
+    # The alert's own input: the recording rule of the mean per mean_window, sampled at the panel's step.
+    means = serving(mean_record(names.LLM_INTER_TOKEN_LATENCY_SECONDS, mean_window))
     return PanelSpec(
         "Inter-token latency fluctuation",
         f"Coefficient of variation (standard deviation / mean) over {window} of the mean inter-token "
-        f"latency: what InferwatchLatencyFluctuation watches (with means per {settings['mean_window']}). "
-        f"The same workload should stay under {settings['coefficient_of_variation_above']:.0%}.",
+        f"latency per {mean_window}: what InferwatchLatencyFluctuation watches, read from the same recording "
+        f"rule. The same workload should stay under {settings['coefficient_of_variation_above']:.0%}.",
         "percentunit",
         above(settings["coefficient_of_variation_above"]),
-        [
-            Query(
-                f"stddev_over_time(({means})[{window}:{RATE}]) / avg_over_time(({means})[{window}:{RATE}])",
-                "{{model}}",
-            )
-        ],
+        [query(promql.coefficient_of_variation(means, window, RATE), MODEL_LEGEND)],
     )

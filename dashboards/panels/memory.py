@@ -3,11 +3,12 @@ allocator's memory, retries and OOMs."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
 from inferwatch.common.durations import parse_duration
+from inferwatch.common.promql import PER_MODEL, PER_TARGET, eq
 
-from ..grafana import PanelSpec, Query, above, below, normal
-from .queries import INSTANCE, SERVING, alert_settings, sel, summed
+from ..grafana import PanelSpec, above, below, normal
+from .queries import MODEL_LEGEND, alert_settings, per_model, per_model_rate, query, serving, serving_instance
 
 
 def kv_cache_bytes() -> PanelSpec:
@@ -16,7 +17,7 @@ def kv_cache_bytes() -> PanelSpec:
         "Device bytes held by the KV caches of running requests.",
         "bytes",
         normal(),
-        [Query(f"sum by (model) ({sel(names.LLM_KV_CACHE_BYTES, SERVING)})", "{{model}}")],
+        [query(per_model("sum", names.LLM_KV_CACHE_BYTES), MODEL_LEGEND)],
     )
 
 
@@ -28,15 +29,15 @@ def kv_cache_headroom() -> PanelSpec:
         f"and prefix-cached blocks of the paged cache); InferwatchKvCacheHeadroomLow fires below {limit}.",
         "short",
         below(limit),
-        [Query(f"min by (model) ({sel(names.LLM_KV_CACHE_HEADROOM_TOKENS, SERVING)})", "{{model}}")],
+        [query(per_model("min", names.LLM_KV_CACHE_HEADROOM_TOKENS), MODEL_LEGEND)],
     )
 
 
 def kv_cache_blocks_used() -> PanelSpec:
     limit = alert_settings("InferwatchKvCacheNearlyFull")["used_ratio_above"]
     used, prefix_cached, total = (
-        f"sum by (model) ({sel(names.LLM_KV_CACHE_BLOCKS, SERVING, matcher)})"
-        for matcher in ('state="used"', 'state="prefix_cached"', 'state="total"')
+        per_model("sum", names.LLM_KV_CACHE_BLOCKS, eq("state", state))
+        for state in ("used", "prefix_cached", "total")
     )
     return PanelSpec(
         "KV-cache blocks used",
@@ -48,8 +49,8 @@ def kv_cache_blocks_used() -> PanelSpec:
         "percentunit",
         above(limit),
         [
-            Query(f"{used} / {total}", "{{model}}"),
-            Query(f"{prefix_cached} / {total}", "{{model}} prefix-cached"),
+            query(used / total, MODEL_LEGEND),
+            query(prefix_cached / total, f"{MODEL_LEGEND} prefix-cached"),
         ],
     )
 
@@ -66,7 +67,7 @@ def kv_cache_preemptions() -> PanelSpec:
         f"{events:g} per {window}: InferwatchKvCachePreemptions fires when that goes on.",
         "reqps",
         above(events / parse_duration(window, promql=True)),
-        [Query(summed("rate", names.LLM_KV_CACHE_PREEMPTIONS_TOTAL, SERVING, "model"), "{{model}}")],
+        [query(per_model_rate(names.LLM_KV_CACHE_PREEMPTIONS_TOTAL), MODEL_LEGEND)],
     )
 
 
@@ -78,8 +79,10 @@ def allocator_memory() -> PanelSpec:
         "bytes",
         normal(),
         [
-            Query(
-                f"sum by (instance, device, kind) ({sel(names.LLM_TORCH_MEMORY_BYTES, INSTANCE)})",
+            query(
+                promql.aggregate(
+                    "sum", serving_instance(names.LLM_TORCH_MEMORY_BYTES), (*PER_TARGET, "device", "kind")
+                ),
                 "{{kind}} {{device}}",
             )
         ],
@@ -95,13 +98,17 @@ def allocator_retries_and_ooms() -> PanelSpec:
         "short",
         above(1),
         [
-            Query(
-                summed("increase", names.LLM_TORCH_ALLOC_RETRIES_TOTAL, INSTANCE, "instance, device"),
+            query(
+                promql.aggregate(
+                    "sum",
+                    promql.increase(serving_instance(names.LLM_TORCH_ALLOC_RETRIES_TOTAL)),
+                    (*PER_TARGET, "device"),
+                ),
                 "retries {{device}}",
             ),
-            Query(
-                summed("increase", names.LLM_OOM_EVENTS_TOTAL, SERVING, "model"),
-                "OOMs {{model}}",
+            query(
+                promql.aggregate("sum", promql.increase(serving(names.LLM_OOM_EVENTS_TOTAL)), PER_MODEL),
+                f"OOMs {MODEL_LEGEND}",
             ),
         ],
     )

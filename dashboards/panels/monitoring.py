@@ -3,10 +3,11 @@ errors."""
 
 from __future__ import annotations
 
-from inferwatch.common import names
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_TARGET
 
-from ..grafana import PanelSpec, Query, above, below
-from .queries import INSTANCE, alert_settings, sel, summed
+from ..grafana import PanelSpec, above, below
+from .queries import alert_settings, exporter_instance, query, serving_instance
 
 
 def targets_up() -> PanelSpec:
@@ -15,7 +16,7 @@ def targets_up() -> PanelSpec:
         "1 while Prometheus scrapes the target; InferwatchTargetDown fires after a sustained 0.",
         "none",
         below(1),
-        [Query(sel(names.UP, INSTANCE), "{{job}} {{instance}}")],
+        [query(exporter_instance(names.UP).or_(serving_instance(names.UP)), "{{job}} {{instance}}")],
     )
 
 
@@ -28,11 +29,13 @@ def collection_age() -> PanelSpec:
         "s",
         above(limit),
         [
-            Query(
-                f"time() - {sel(names.INFERWATCH_EXPORTER_LAST_COLLECT_TIMESTAMP_SECONDS, INSTANCE)}",
+            query(
+                promql.time() - exporter_instance(names.INFERWATCH_EXPORTER_LAST_COLLECT_TIMESTAMP_SECONDS),
                 "age {{instance}}",
             ),
-            Query(sel(names.INFERWATCH_EXPORTER_COLLECT_DURATION_SECONDS, INSTANCE), "duration {{instance}}"),
+            query(
+                exporter_instance(names.INFERWATCH_EXPORTER_COLLECT_DURATION_SECONDS), "duration {{instance}}"
+            ),
         ],
     )
 
@@ -45,14 +48,17 @@ def monitor_errors() -> PanelSpec:
         "cps",
         above(0.01),
         [
-            Query(
-                summed(
-                    "rate", names.INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL, INSTANCE, "instance, call, error"
+            query(
+                promql.sum_rate(
+                    exporter_instance(names.INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL),
+                    (*PER_TARGET, "call", "error"),
                 ),
                 "NVML {{call}} {{error}}",
             ),
-            Query(
-                summed("rate", names.LLM_INSTRUMENTATION_ERRORS_TOTAL, INSTANCE, "instance, stage"),
+            query(
+                promql.sum_rate(
+                    serving_instance(names.LLM_INSTRUMENTATION_ERRORS_TOTAL), (*PER_TARGET, "stage")
+                ),
                 "instrumentation {{stage}} {{instance}}",
             ),
         ],

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from inferwatch.common import names
 
-from ..grafana import PanelSpec, Query, normal
-from .queries import SERVING, mean, summed
+from ..grafana import PanelSpec, normal
+from .queries import MODEL_LEGEND, mean, per_model_rate, query
 
 
 def prefill_vs_decode() -> PanelSpec:
@@ -18,8 +18,8 @@ def prefill_vs_decode() -> PanelSpec:
         "s",
         normal(),
         [
-            Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
-            Query(mean(names.LLM_REQUEST_DECODE_SECONDS).expr, "decode {{model}}"),
+            mean(names.LLM_REQUEST_PREFILL_SECONDS, what="prefill"),
+            mean(names.LLM_REQUEST_DECODE_SECONDS, what="decode"),
         ],
     )
 
@@ -34,21 +34,21 @@ def queue_vs_prefill() -> PanelSpec:
         "s",
         normal(),
         [
-            Query(mean(names.LLM_REQUEST_QUEUE_SECONDS).expr, "queue {{model}}"),
-            Query(mean(names.LLM_REQUEST_PREFILL_SECONDS).expr, "prefill {{model}}"),
+            mean(names.LLM_REQUEST_QUEUE_SECONDS, what="queue"),
+            mean(names.LLM_REQUEST_PREFILL_SECONDS, what="prefill"),
         ],
     )
 
 
 def decode_share() -> PanelSpec:
-    prefill = summed("rate", f"{names.LLM_REQUEST_PREFILL_SECONDS}_sum", SERVING, "model")
-    decode = summed("rate", f"{names.LLM_REQUEST_DECODE_SECONDS}_sum", SERVING, "model")
+    prefill = per_model_rate(f"{names.LLM_REQUEST_PREFILL_SECONDS}_sum")
+    decode = per_model_rate(f"{names.LLM_REQUEST_DECODE_SECONDS}_sum")
     return PanelSpec(
         "Decode share of request time",
         "Decode time over prefill + decode time, over the selected range's rate window.",
         "percentunit",
         normal(),
-        [Query(f"{decode} / ({prefill} + {decode})", "{{model}}")],
+        [query(decode / (prefill + decode), MODEL_LEGEND)],
     )
 
 
@@ -72,7 +72,7 @@ def forward_time_by_phase() -> PanelSpec:
         "together (its time grows with the prompt tokens in it: see Tokens per step by kind).",
         "s",
         normal(),
-        [mean(names.LLM_FORWARD_SECONDS, by="model, phase")],
+        [mean(names.LLM_FORWARD_SECONDS, ("phase",))],
     )
 
 
@@ -85,7 +85,7 @@ def step_tokens() -> PanelSpec:
         "in it.",
         "short",
         normal(),
-        [mean(names.LLM_STEP_TOKENS, by="model, kind")],
+        [mean(names.LLM_STEP_TOKENS, ("kind",))],
     )
 
 
@@ -96,5 +96,5 @@ def step_tokens_rate() -> PanelSpec:
         "device's work splits between reading prompts and generating.",
         "suffix:tok/s",
         normal(),
-        [Query(summed("rate", f"{names.LLM_STEP_TOKENS}_sum", SERVING, "model, kind"), "{{kind}} {{model}}")],
+        [query(per_model_rate(f"{names.LLM_STEP_TOKENS}_sum", by=("kind",)), f"{{{{kind}}}} {MODEL_LEGEND}")],
     )

@@ -1,49 +1,112 @@
-"""How every panel queries: the label matchers of the dashboard variables, percentiles, means, sums, and
-the alert defaults that set the thresholds.
+"""How every panel queries: the configured job selectors and the dashboard variables every selector
+carries, percentiles, means, rates, and the alert defaults that set the thresholds.
 
-Query conventions (the ones the anchors' dashboards get wrong):
+Expressions are built with :mod:`inferwatch.common.promql`, the vocabulary of the alerts and the monitor,
+and rendered with Grafana's ``$__rate_interval`` as the window of every range. The conventions (the ones
+the anchors' dashboards get wrong):
 
-* percentiles are ``histogram_quantile`` over ``sum by (model, le) (rate(X_bucket[$__rate_interval]))``:
-  buckets are summed across instances before the quantile, never quantiles averaged or added;
-* means are ``sum(rate(X_sum)) / sum(rate(X_count))``, never an average of per-instance averages;
-* every range selector uses ``$__rate_interval``; counters are only read through ``rate``/``increase``.
+* every selector starts with the configured matchers of its job (``selectors`` of alerts/config.yaml, the
+  mixin's job selectors), then the dashboard variables it can be filtered by;
+* per-model quantities are grouped per :data:`~inferwatch.common.promql.PER_MODEL` (``job, instance,
+  model``), as the recording rules and alerts group them: a panel's line is the series an alert judges;
+* percentiles are ``histogram_quantile`` over ``sum by (job, instance, model, le) (rate(X_bucket[...]))``,
+  never quantiles averaged or added; means are ``sum(rate(X_sum)) / sum(rate(X_count))``, never an
+  average of averages; counters are only read through ``rate``/``increase``.
 
-Thresholds that correspond to an alert come from the alert's default configuration (alerts/config.yaml),
-so a panel turns red where the alert would fire.
+Thresholds that correspond to an alert come from the alert's configuration (alerts/config.yaml, or the
+file given to ``inferwatch dashboards generate --config``), so a panel turns red where the alert fires.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
-from inferwatch.alerts.config import default_config
-from inferwatch.common import names
+from inferwatch.alerts.config import Selectors, merge_config
+from inferwatch.common import names, promql
+from inferwatch.common.promql import PER_MODEL, Matcher, Selector, regex
 
 from ..grafana import RATE, Query
 
-# Label matchers every serving-side / per-GPU / per-instance selector carries.
-SERVING = 'model=~"$model", instance=~"$instance"'
-GPU = 'instance=~"$instance", gpu=~"$gpu"'
-# The GPU side of a join onto each model's GPU (on_models_gpu): found by UUID, on whichever exporter.
-MODELS_GPU = 'gpu=~"$gpu"'
-INSTANCE = 'instance=~"$instance"'
+# The dashboard variables, as matchers (multi-value: a regex; "All" is ".*").
+MODEL_VARIABLE = regex("model", "$model")
+INSTANCE_VARIABLE = regex("instance", "$instance")
+GPU_VARIABLE = regex("gpu", "$gpu")
 
 QUANTILES = (0.5, 0.9, 0.99)
+# The legend of a per-model series.
+MODEL_LEGEND = "{{model}} {{instance}}"
+
+
+# The alerts configuration the panels are built from: the bundled defaults unless :func:`configured`.
+_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("dashboards_alerts_config", default=None)
+
+
+@contextmanager
+def configured(config: Mapping[str, Any] | None) -> Iterator[None]:
+    """Build panels from ``config`` (a validated alerts configuration: its selectors, thresholds and
+    windows; None: the bundled defaults), as the rules rendered from the same file are."""
+    token = _CONFIG.set(config)
+    try:
+        yield
+    finally:
+        _CONFIG.reset(token)
 
 
 @cache
-def alert_settings(name: str) -> dict[str, Any]:
-    """The default settings of alert ``name`` (alerts/config.yaml)."""
-    return default_config()["alerts"][name]
+def _defaults() -> Mapping[str, Any]:
+    return merge_config({})
 
 
-def sel(metric: str, matchers: str, extra: str = "") -> str:
-    """``metric{matchers, extra}``."""
-    return f"{metric}{{{matchers}{', ' + extra if extra else ''}}}"
+def _config() -> Mapping[str, Any]:
+    return _CONFIG.get() or _defaults()
 
 
-def on_models_gpu(gpu_expr: str) -> str:
+def alert_settings(name: str) -> Mapping[str, Any]:
+    """The settings of alert ``name`` (alerts/config.yaml, or the configuration in use)."""
+    return _config()["alerts"][name]
+
+
+def selectors() -> Selectors:
+    """The configured job selectors (``selectors`` of the configuration in use)."""
+    return Selectors.of(_config())
+
+
+def serving(metric: str, *matchers: Matcher) -> Selector:
+    """``metric`` of the selected models on the selected instances (llm_* series)."""
+    return selectors().for_serving(metric, MODEL_VARIABLE, INSTANCE_VARIABLE, *matchers)
+
+
+def serving_instance(metric: str, *matchers: Matcher) -> Selector:
+    """``metric`` of serving processes on the selected instances, for series without a model label."""
+    return selectors().for_serving(metric, INSTANCE_VARIABLE, *matchers)
+
+
+def gpu(metric: str, *matchers: Matcher) -> Selector:
+    """``metric`` of the selected GPUs on the selected exporters (gpu_* series)."""
+    return selectors().for_exporter(metric, INSTANCE_VARIABLE, GPU_VARIABLE, *matchers)
+
+
+def models_gpu(metric: str, *matchers: Matcher) -> Selector:
+    """The GPU side of a join onto each model's GPU (:func:`on_models_gpu`): found by UUID on whichever
+    exporter has it, so the instance variable (the model's serving endpoint) does not apply."""
+    return selectors().for_exporter(metric, GPU_VARIABLE, *matchers)
+
+
+def exporter_instance(metric: str, *matchers: Matcher) -> Selector:
+    """``metric`` of the selected exporters, for series that are not per GPU."""
+    return selectors().for_exporter(metric, INSTANCE_VARIABLE, *matchers)
+
+
+def query(expr: promql.Expr, legend: str) -> Query:
+    """A panel's target: ``expr`` with ``$__rate_interval`` for its ranges."""
+    return Query(expr.render(RATE), legend)
+
+
+def on_models_gpu(gpu_expr: promql.Expr) -> promql.Expr:
     """``gpu_expr`` (one series per GPU, by ``uuid`` and ``gpu``) for each selected model on that GPU.
 
     The join is on the GPU's UUID alone, which both sides carry as NVML spells it (docs/metrics.md,
@@ -51,26 +114,30 @@ def on_models_gpu(gpu_expr: str) -> str:
     ``instance`` is the serving endpoint, not the exporter. ``group_left`` keeps the model's labels and adds
     the exporter's GPU index; several models on one GPU each get the GPU's value.
     """
-    on_a_gpu = sel(names.LLM_MODEL_INFO, SERVING, 'uuid!=""')
-    models = f"max by (model, uuid) ({on_a_gpu})"
-    return f"{models}\n  * on (uuid) group_left (gpu)\n{gpu_expr}"
+    on_a_gpu = serving(names.LLM_MODEL_INFO, Matcher("uuid", "", "!="))
+    models = promql.aggregate("max", on_a_gpu, (*PER_MODEL, "uuid"))
+    return models.times(gpu_expr, promql.Matching(("uuid",), group_left=("gpu",)))
 
 
-def summed(function: str, metric: str, matchers: str, by: str) -> str:
-    """``sum by (by) (function(metric{matchers}[$__rate_interval]))`` for rate or increase."""
-    return f"sum by ({by}) ({function}({sel(metric, matchers)}[{RATE}]))"
+def percentile(metric: str, quantile: float) -> Query:
+    """The ``quantile`` of histogram ``metric`` per model, from bucket rates summed per model."""
+    expr = promql.histogram_quantile(quantile, serving(metric), PER_MODEL)
+    return query(expr, f"p{quantile * 100:g} {MODEL_LEGEND}")
 
 
-def percentile(metric: str, quantile: float, by: str = "model") -> Query:
-    """The ``quantile`` of histogram ``metric`` per ``by``, from buckets summed over instances."""
-    expr = f"histogram_quantile({quantile}, {summed('rate', metric + '_bucket', SERVING, by + ', le')})"
-    return Query(expr, f"p{quantile * 100:g} {{{{{by}}}}}")
+def mean(metric: str, by: tuple[str, ...] = (), what: str = "mean") -> Query:
+    """The mean of histogram ``metric`` per model (and ``by``): summed rate of the sum over summed rate of
+    the count; its legend starts with ``what``."""
+    expr = promql.histogram_mean(serving(metric), (*PER_MODEL, *by))
+    legend = " ".join([what, MODEL_LEGEND, *(f"{{{{{label}}}}}" for label in by)])
+    return query(expr, legend)
 
 
-def mean(metric: str, by: str = "model", matchers: str = SERVING) -> Query:
-    """The mean of histogram ``metric`` per ``by``: summed rate of the sum over summed rate of the count."""
-    expr = (
-        f"{summed('rate', metric + '_sum', matchers, by)} / {summed('rate', metric + '_count', matchers, by)}"
-    )
-    legend = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
-    return Query(expr, f"mean {legend}")
+def per_model_rate(metric: str, *matchers: Matcher, by: tuple[str, ...] = ()) -> promql.Expr:
+    """The rate of counter ``metric`` per model (and ``by``)."""
+    return promql.sum_rate(serving(metric, *matchers), (*PER_MODEL, *by))
+
+
+def per_model(op: str, metric: str, *matchers: Matcher) -> promql.Expr:
+    """Gauge ``metric`` aggregated with ``op`` per model."""
+    return promql.aggregate(op, serving(metric, *matchers), PER_MODEL)

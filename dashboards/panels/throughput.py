@@ -4,9 +4,10 @@ and waiting requests."""
 from __future__ import annotations
 
 from inferwatch.common import names
+from inferwatch.common.promql import eq, regex
 
-from ..grafana import PanelSpec, Query, above, normal
-from .queries import SERVING, alert_settings, sel, summed
+from ..grafana import PanelSpec, above, normal
+from .queries import MODEL_LEGEND, alert_settings, per_model, per_model_rate, query
 
 
 def tokens_per_second() -> PanelSpec:
@@ -16,14 +17,8 @@ def tokens_per_second() -> PanelSpec:
         "suffix:tok/s",
         normal(),
         [
-            Query(
-                summed("rate", names.LLM_GENERATION_TOKENS_TOTAL, SERVING, "model"),
-                "generated {{model}}",
-            ),
-            Query(
-                summed("rate", names.LLM_PROMPT_TOKENS_TOTAL, SERVING, "model"),
-                "prompt {{model}}",
-            ),
+            query(per_model_rate(names.LLM_GENERATION_TOKENS_TOTAL), f"generated {MODEL_LEGEND}"),
+            query(per_model_rate(names.LLM_PROMPT_TOKENS_TOTAL), f"prompt {MODEL_LEGEND}"),
         ],
     )
 
@@ -36,9 +31,9 @@ def requests_by_status() -> PanelSpec:
         "reqps",
         normal(),
         [
-            Query(
-                summed("rate", names.LLM_REQUESTS_TOTAL, SERVING, "model, status"),
-                "{{status}} {{model}}",
+            query(
+                per_model_rate(names.LLM_REQUESTS_TOTAL, by=("status",)),
+                f"{{{{status}}}} {MODEL_LEGEND}",
             )
         ],
     )
@@ -46,10 +41,10 @@ def requests_by_status() -> PanelSpec:
 
 def failed_requests() -> PanelSpec:
     limit = alert_settings("InferwatchRequestErrors")["error_ratio_above"]
-    total = summed("rate", names.LLM_REQUESTS_TOTAL, SERVING, "model")
+    total = per_model_rate(names.LLM_REQUESTS_TOTAL)
     # As in InferwatchRequestErrors: a request the client abandoned is no failure.
-    failed = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status=~"error|oom"', "model")
-    cancelled = summed("rate", names.LLM_REQUESTS_TOTAL, f'{SERVING}, status="cancelled"', "model")
+    failed = per_model_rate(names.LLM_REQUESTS_TOTAL, regex("status", "error|oom"))
+    cancelled = per_model_rate(names.LLM_REQUESTS_TOTAL, eq("status", "cancelled"))
     return PanelSpec(
         "Failed requests",
         f"Share of requests that ended in an error or out-of-memory; InferwatchRequestErrors fires above "
@@ -58,8 +53,8 @@ def failed_requests() -> PanelSpec:
         "percentunit",
         above(limit),
         [
-            Query(f"{failed} / {total}", "failed {{model}}"),
-            Query(f"{cancelled} / {total}", "cancelled {{model}}"),
+            query(failed / total, f"failed {MODEL_LEGEND}"),
+            query(cancelled / total, f"cancelled {MODEL_LEGEND}"),
         ],
     )
 
@@ -70,7 +65,7 @@ def requests_running() -> PanelSpec:
         "Requests inside generate (or a tracked request) now.",
         "short",
         normal(),
-        [Query(f"sum by (model) ({sel(names.LLM_REQUESTS_RUNNING, SERVING)})", "{{model}}")],
+        [query(per_model("sum", names.LLM_REQUESTS_RUNNING), MODEL_LEGEND)],
     )
 
 
@@ -83,5 +78,5 @@ def requests_waiting() -> PanelSpec:
         "servers that report arrivals (inferwatch run, the ASGI/WSGI middleware) have this series.",
         "short",
         above(limit),
-        [Query(f"sum by (model) ({sel(names.LLM_REQUESTS_WAITING, SERVING)})", "{{model}}")],
+        [query(per_model("sum", names.LLM_REQUESTS_WAITING), MODEL_LEGEND)],
     )

@@ -11,21 +11,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from ..queries import GPU_PODS, MODEL_GPUS
+from ..expr import group_of
+from ..queries import GPU_PODS, MODEL, MODEL_GPUS
 from ..scrape import Labels
 from .findings import Source
 
 
 def model_gpus(model_groups: Iterable[Labels]) -> dict[Labels, str]:
-    """(instance, model) group -> the UUID of the GPU the model runs on, from the groups of
+    """Model group (``queries.MODEL``) -> the UUID of the GPU the model runs on, from the groups of
     ``queries.MODEL_GPUS``; models on the CPU are left out."""
     out: dict[Labels, str] = {}
     for group in model_groups:
         labels = dict(group)
         if labels.get("uuid"):
-            out[(("instance", labels.get("instance", "")), ("model", labels.get("model", "")))] = labels[
-                "uuid"
-            ]
+            out[group_of(labels, MODEL)] = labels["uuid"]
     return out
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inferwatch.monitor.expr import Quantile, Rate, Selector
+from inferwatch.common.promql import Selector
+from inferwatch.monitor.expr import Quantile, Rate
 from inferwatch.monitor.scrape import EndpointScrape, Sample, Snapshot, labels_of
 
 from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
@@ -264,9 +265,9 @@ def test_diagnose_reports_a_host_bound_gpu_process(
     findings = [f for f in report["findings"] if f["check"] == "host-bound"]
     assert [f["subject"] for f in findings] == [f"model tiny-llama on {host_bound.address}"]
     busy, _, forwards = findings[0]["evidence"][:3]
-    assert busy["query"] == "avg by (instance, model) (llm_gpu_busy_ratio)"
+    assert busy["query"] == "avg by (job, instance, model) (llm_gpu_busy_ratio)"
     assert busy["value"] == "11%"
-    assert forwards["query"] == "avg by (instance, model) (llm_forward_time_ratio)"
+    assert forwards["query"] == "avg by (job, instance, model) (llm_forward_time_ratio)"
     assert forwards["value"] == "90%"
 
 

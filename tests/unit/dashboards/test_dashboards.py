@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from inferwatch.cli import main as inferwatch_main
 from inferwatch.dashboards.generate import bundled_files, generate
 from inferwatch.dashboards.schema import validate_dashboard
@@ -163,16 +164,55 @@ def test_clocks_event_reasons_are_shown_as_a_state_timeline() -> None:
 
 
 def test_every_metric_the_dashboards_name_is_documented() -> None:
+    """Or recorded: a panel may read a recording rule of alerts/rules.yaml, which ships with them."""
     documented = set(documented_metrics("Instrumentation")) | set(documented_metrics("Exporter")) | {"up"}
+    rules = yaml.safe_load((REPO_ROOT / "alerts" / "rules.yaml").read_text())
+    recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
     named = {base_metric(name, documented) for _, expr in _exprs() for name in metric_names(expr)}
     variables = [
         v["query"] for d in DASHBOARDS.values() for v in d["templating"]["list"] if v["type"] == "query"
     ]
     named |= {name for query in variables for name in re.findall(r"\b(llm_[a-z_]+|gpu_[a-z_]+)", query)}
-    assert named - documented == set(), "named in dashboards/*.json, not in docs/metrics.md"
+    assert named - documented - recorded == set(), (
+        "named in dashboards/*.json, not in docs/metrics.md nor recorded by alerts/rules.yaml"
+    )
+
+
+def test_every_selector_starts_with_its_jobs_configured_matchers() -> None:
+    """The mixin's job selectors: each series is read from the job alerts/config.yaml names for it."""
+    selectors = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text())["selectors"]
+    for where, expr in _exprs():
+        for metric, matchers in re.findall(r"([a-z_:][a-z0-9_:]*)\{([^}]*)\}", expr):
+            job = "serving" if metric.startswith(("llm_", "instance_model:")) else "exporter"
+            if metric != "up":
+                assert matchers.startswith(selectors[job]), (where, metric, matchers)
 
 
 def test_export_writes_the_bundled_dashboards(tmp_path: Path) -> None:
     assert bundled_files() == COMMITTED
     assert inferwatch_main(["dashboards", "export", str(tmp_path)]) == 0
     assert {path.name: path.read_text() for path in tmp_path.iterdir()} == COMMITTED
+
+
+def test_generate_takes_the_alerts_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same file as `alerts render --config`: its job selectors go into every query and its thresholds
+    into the panels, so the dashboards read what the rules read."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        'selectors:\n  serving: job="vllm"\nalerts:\n  InferwatchHostBound:\n    busy_ratio_below: 0.3\n'
+    )
+    out = tmp_path / "out"
+    assert inferwatch_main(["dashboards", "generate", "--config", str(mine), "--out", str(out)]) == 0
+    overview = json.loads((out / "inferwatch-overview.json").read_text())
+    exprs = [target["expr"] for panel in overview["panels"] for target in panel.get("targets", [])]
+    assert not [expr for expr in exprs if 'job="llm-serving"' in expr]
+    assert any('llm_requests_running{job="vllm", model=~"$model"' in expr for expr in exprs)
+    assert any('{job="inferwatch-exporter", ' in expr for expr in exprs)
+    busy = next(panel for panel in overview["panels"] if panel["title"] == "Device busy ratio")
+    assert busy["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 0.3
+    # The defaults are back for the next build.
+    assert generate() == COMMITTED
+
+    mine.write_text("selectors:\n  serving: vllm\n")
+    assert inferwatch_main(["dashboards", "generate", "--config", str(mine), "--out", str(out)]) == 2
+    assert "'selectors.serving' must be PromQL label matchers" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from inferwatch.monitor import checklist
 from inferwatch.monitor.checks import Diagnosis, Severity, kv_cache
+from inferwatch.monitor.checks.attribution import model_gpus
 
 from tests.unit.monitor.simulation import run
 
@@ -38,7 +39,7 @@ def test_host_bound() -> None:
     assert finding.severity == Severity.WARNING
     assert finding.subject == "model m on node:8797"
     assert finding.evidence[0].value == "20%"
-    assert finding.evidence[0].query == "avg by (instance, model) (llm_gpu_busy_ratio)"
+    assert finding.evidence[0].query == "avg by (job, instance, model) (llm_gpu_busy_ratio)"
     assert "reference/002" in finding.checklist[0].source
     assert diagnosis.alarming
 
@@ -231,7 +232,7 @@ def test_requests_waiting_at_capacity_is_queueing() -> None:
     assert "at capacity" in finding.summary
     evidence = {e.what: e for e in finding.evidence}
     assert evidence["requests waiting (mean)"].value == "8"
-    assert evidence["requests waiting (mean)"].query == "sum by (instance, model) (llm_requests_waiting)"
+    assert evidence["requests waiting (mean)"].query == "sum by (job, instance, model) (llm_requests_waiting)"
     # p99 inside the (1, 2] bucket: 1.99 s, above InferwatchQueueTimeHigh's 1 s.
     assert evidence["queue time p99 (mean)"].value == "1.99 s"
     assert evidence["queue share of time to first token"].value == "99%"
@@ -344,8 +345,8 @@ def test_a_paged_kv_cache_nearly_full() -> None:
     evidence = {e.what: e for e in finding.evidence}
     assert evidence["KV-cache blocks used (mean; now)"].value == "95%; 95%"
     assert evidence["KV-cache blocks used (mean; now)"].query == (
-        'sum by (instance, model) (llm_kv_cache_blocks{state="used"})\n'
-        '  / sum by (instance, model) (llm_kv_cache_blocks{state="total"})'
+        'sum by (job, instance, model) (llm_kv_cache_blocks{state="used"})\n'
+        '/ sum by (job, instance, model) (llm_kv_cache_blocks{state="total"})'
     )
     assert evidence["KV-cache headroom (tokens, now)"].value == "800"
     assert evidence["requests waiting (mean)"].value == "6"
@@ -382,7 +383,7 @@ def test_preemptions_are_a_finding_with_cpu_offload_among_the_remedies() -> None
     evidence = {e.what: e for e in finding.evidence}
     assert evidence["requests preempted per second (mean)"].value == "1"
     assert evidence["requests preempted per second (mean)"].query == (
-        "sum by (instance, model) (rate(llm_kv_cache_preemptions_total[1s]))"
+        "sum by (job, instance, model) (rate(llm_kv_cache_preemptions_total[1s]))"
     )
     assert evidence["KV-cache blocks used (mean; now)"].value == "70%; 70%"
     assert finding.checklist[-1] == checklist.CPU_OFFLOAD
@@ -405,3 +406,15 @@ def test_models_without_a_paged_kv_cache_are_not_assessed() -> None:
     assert findings(diagnosis, "kv-cache") == []
     assert "llm_kv_cache_blocks" in diagnosis.not_assessed["kv-cache"]
     assert "continuous batching" in diagnosis.not_assessed["kv-cache"]
+
+
+def test_a_model_is_tied_to_its_gpu_under_its_own_group_with_or_without_job() -> None:
+    """From Prometheus a model's groups carry ``job``, from a scrape they do not: either way the GPU is
+    found under the group the model's other series have (queries.MODEL)."""
+    from_prometheus = (("instance", "h:1"), ("job", "llm"), ("model", "m"), ("uuid", "GPU-1"))
+    scraped = (("instance", "h:2"), ("model", "m"), ("uuid", "GPU-2"))
+    on_cpu = (("instance", "h:3"), ("model", "m"))
+    assert model_gpus([from_prometheus, scraped, on_cpu]) == {
+        (("instance", "h:1"), ("job", "llm"), ("model", "m")): "GPU-1",
+        (("instance", "h:2"), ("model", "m")): "GPU-2",
+    }

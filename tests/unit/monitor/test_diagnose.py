@@ -53,7 +53,7 @@ def test_report_lists_findings_evidence_and_remedies(monkeypatch: pytest.MonkeyP
     text = out.getvalue()
     assert "WARNING  host-bound  model m on node:8797" in text
     assert "busy ratio while requests run (mean): 20%" in text
-    assert "avg by (instance, model) (llm_gpu_busy_ratio)" in text
+    assert "avg by (job, instance, model) (llm_gpu_busy_ratio)" in text
     assert "reference/002 §4.1" in text
     assert "not assessed: throttling" in text
     assert text.rstrip().endswith("1 warning")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from inferwatch.common.promql import Selector, eq
 from inferwatch.monitor.expr import Gauge as GaugeExpr
-from inferwatch.monitor.expr import Quantile, Rate, Ratio, Selector, bucket_quantile, histogram_mean
+from inferwatch.monitor.expr import Quantile, Rate, Ratio, bucket_quantile, histogram_mean
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tests.unit.monitor.snapshots import endpoint, snapshot
@@ -41,7 +42,7 @@ def test_bucket_quantile_without_an_answer(buckets: dict) -> None:
 
 
 def test_promql_text() -> None:
-    sm = Selector("gpu_clock_hz", (("clock", "sm"),))
+    sm = Selector("gpu_clock_hz", (eq("clock", "sm"),))
     assert (
         GaugeExpr(sm, ("instance", "gpu"), "max").promql("1m")
         == 'max by (instance, gpu) (gpu_clock_hz{clock="sm"})'
@@ -50,13 +51,18 @@ def test_promql_text() -> None:
         Rate(Selector("llm_generation_tokens_total"), ("model",)).promql("30s")
         == "sum by (model) (rate(llm_generation_tokens_total[30s]))"
     )
+    ttft_p99 = Quantile(0.99, Selector("llm_time_to_first_token_seconds"), ("instance", "model"))
     assert (
-        Quantile(0.99, Selector("llm_time_to_first_token_seconds"), ("instance", "model")).promql("1m")
-        == "histogram_quantile(0.99, sum by (le, instance, model) "
+        ttft_p99.query().render("1m") == "histogram_quantile(0.99, sum by (instance, model, le) "
         "(rate(llm_time_to_first_token_seconds_bucket[1m])))"
     )
+    # Over 100 columns, the text a user is shown is broken the way Prometheus's formatter breaks it.
+    assert ttft_p99.promql("1m") == (
+        "histogram_quantile(\n  0.99,\n"
+        "  sum by (instance, model, le) (rate(llm_time_to_first_token_seconds_bucket[1m]))\n)"
+    )
     assert histogram_mean(Selector("x_seconds"), ("model",)).promql("5s") == (
-        "sum by (model) (rate(x_seconds_sum[5s]))\n  / sum by (model) (rate(x_seconds_count[5s]))"
+        "sum by (model) (rate(x_seconds_sum[5s])) / sum by (model) (rate(x_seconds_count[5s]))"
     )
 
 
@@ -106,7 +112,7 @@ def test_gauge_aggregations() -> None:
     assert GaugeExpr(selector, ("model",), "max").evaluate(snap, snap) == {m: 0.6, n: 0.9}
     assert GaugeExpr(selector, ("model",), "min").evaluate(snap, snap) == {m: 0.2, n: 0.9}
     assert GaugeExpr(selector, (), "sum").evaluate(snap, snap) == {(): pytest.approx(1.7)}
-    only_gpu1 = Selector("llm_gpu_busy_ratio", (("device", "cuda:1"),))
+    only_gpu1 = Selector("llm_gpu_busy_ratio", (eq("device", "cuda:1"),))
     assert GaugeExpr(only_gpu1, ("model",)).evaluate(snap, snap) == {m: 0.6}
 
 

@@ -6,13 +6,13 @@ import dataclasses
 import re
 from collections.abc import Iterator
 
+from inferwatch.common.promql import Selector
 from inferwatch.monitor import queries
-from inferwatch.monitor.expr import Selector
 
 from tests.support import METRICS_DOC
 
-# Labels that come from the scrape, not from the exporting code.
-SCRAPE_LABELS = {"instance"}
+# Labels that come from the scrape (Prometheus's target labels), not from the exporting code.
+SCRAPE_LABELS = {"job", "instance"}
 _ROW = re.compile(
     r"^\|\s*`(?P<name>[a-z_:][a-z0-9_:]*)`\s*\|\s*(?P<type>[a-z]+)\s*\|[^|]*\|(?P<labels>[^|]*)\|"
 )
@@ -35,7 +35,7 @@ def used() -> Iterator[tuple[str, set[str], object]]:
 
     def walk(node: object, by: set[str]) -> Iterator[tuple[str, set[str]]]:
         if isinstance(node, Selector):
-            yield node.metric, by | {name for name, _ in node.matchers}
+            yield node.metric, by | {matcher.name for matcher in node.matchers}
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
             labels = set(getattr(node, "by", ()))
             for field in dataclasses.fields(node):
