@@ -25,7 +25,7 @@ import importlib
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -274,6 +274,15 @@ class GpuContext:
                     return value
         return None
 
+    def mig_devices(self) -> Iterator[tuple[int, Any]]:
+        """(slot, handle) of each MIG device of a GPU in MIG mode."""
+        slots = self.cached("nvmlDeviceGetMaxMigDeviceCount") or 0
+        for slot in range(slots):
+            # NOT_FOUND: no MIG device in this slot.
+            handle = self.read("nvmlDeviceGetMigDeviceHandleByIndex", slot, quiet=(ERROR_NOT_FOUND,))
+            if handle is not None:
+                yield slot, handle
+
     def is_unsupported(self, call: str, *args: Any) -> bool:
         return (call, *args) in self.device.unsupported
 
@@ -323,8 +332,9 @@ class GpuContext:
 
     # --- GPM ---------------------------------------------------------------------------------------------
 
-    def gpm_supported(self) -> bool:
-        """Whether the GPU has GPM. One without it is learned as not supported, and counted, once."""
+    def has_gpm(self) -> bool:
+        """Whether the GPU has GPM, asked once per session: one without it is learned as not supported,
+        and counted, once. Decides, per GPU, whether GPM or the blocking reading gives PCIe throughput."""
         call = "nvmlGpmQueryDeviceSupport"
         if self.is_unsupported(call):
             return False

@@ -49,6 +49,7 @@ from .selfmetrics import (
     COLLECT_DURATION,
     COLLECTOR_DURATION,
     COLLECTOR_ERRORS,
+    COLLECTOR_SUCCESS,
     GPU_COLLECT_DURATION,
     GPU_LAST_COLLECT,
     GPU_UP,
@@ -165,7 +166,7 @@ class Poller:
         self._nvml = nvml
         self._version = version
         # What the Kubernetes collectors share, with the thread that lists the kubelet's pod resources.
-        self.pods = PodAttribution.from_config(config) if config.kubernetes else None
+        self.pods = PodAttribution.from_config(config) if config.enabled("kubernetes") else None
         self._gpu_collectors = gpu_collectors(config, self.pods)
         self._host_collectors = host_collectors(config, self.pods)
         self.nvml_errors = Tally(NVML_ERRORS)
@@ -222,7 +223,7 @@ class Poller:
         yield from self.overruns.samples()
         yield from self.nvml_errors.samples()
         yield from self.collector_errors.samples()
-        if self._config.xid:
+        if self._config.enabled("xid"):
             yield from self.xid_events.samples()
         if self.pods is not None:
             yield from self.pods.watcher.samples()
@@ -286,6 +287,8 @@ class Poller:
             self.collector_errors.add(name)
             self._log_failure(name, exc)
         samples += [Sample(COLLECTOR_DURATION, (name,), seconds) for name, seconds in durations.items()]
+        failed = {name for name, _ in failures}
+        samples += [Sample(COLLECTOR_SUCCESS, (name,), float(name not in failed)) for name in durations]
         finished_at = time.time()
         elapsed = time.monotonic() - started
         samples.append(Sample(COLLECT_DURATION, (), elapsed))
@@ -409,7 +412,7 @@ class Poller:
         )
         self._session = session
         self._jobs = {d: j for d, j in self._jobs.items() if j.outcome is Outcome.RUNNING}
-        if self._config.xid:
+        if self._config.enabled("xid"):
             self._xid_watcher = XidWatcher(session, self.xid_events, self.nvml_errors)
             self._xid_watcher.start()
         return session

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 
+from inferwatch.common.durations import parse_duration
+
 from ..nvml import GPM_MIN_SECONDS, GpuContext
+from ..options import Option
 from ..samples import GPU_LABELS, MetricSpec, gpu_gauge
-from .mig import mig_devices
-from .pcie_throughput import RX as PCIE_RX
-from .pcie_throughput import TX as PCIE_TX
+from .registry import Registration, register
+from .series import PCIE_RX, PCIE_TX
 
 
 def _activity(name: str, help_: str) -> MetricSpec:
@@ -79,7 +81,7 @@ class GpmCollector:
         self._closes_after = max(window - min(window, interval) / 2, GPM_MIN_SECONDS)
 
     def collect(self, gpu: GpuContext) -> None:
-        if not gpu.gpm_supported():
+        if not gpu.has_gpm():
             return
         values = self._window_values(gpu, None, _GPU_IDS)
         self._emit_activities(gpu, values, "")
@@ -126,5 +128,32 @@ def _gpu_instances(gpu: GpuContext) -> set[int]:
     mode = gpu.read("nvmlDeviceGetMigMode")
     if not mode or not mode[0]:
         return set()
-    found = (gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle) for _, handle in mig_devices(gpu))
+    found = (gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle) for _, handle in gpu.mig_devices())
     return {instance for instance in found if instance is not None}
+
+
+def parse_window(value: str) -> float:
+    """A duration no shorter than NVML's minimum between two GPM samples."""
+    seconds = parse_duration(value)
+    if seconds < GPM_MIN_SECONDS:
+        raise ValueError(f"{value!r} is shorter than {GPM_MIN_SECONDS * 1000:.0f}ms, NVML's minimum for GPM")
+    return seconds
+
+
+register(
+    Registration(
+        "gpm",
+        "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
+        gpu=lambda config, pods: [GpmCollector(config.gpm_window, config.interval)],
+        options=(
+            Option(
+                "--collector.gpm.window",
+                "gpm_window",
+                parse_window,
+                "1s",
+                "time between the two GPM samples each reading is a ratio over (at least 100ms)",
+                metavar="DURATION",
+            ),
+        ),
+    )
+)

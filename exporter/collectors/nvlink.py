@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 LINKS_ACTIVE = gpu_gauge("gpu_nvlink_links_active", "NVLink links that are up.")
 LINK_ERRORS = gpu_counter(
@@ -47,3 +48,12 @@ class NvlinkCollector:
         for field_id, kind in _ERROR_FIELDS:
             if field_id in errors:
                 gpu.emit(LINK_ERRORS, errors[field_id], kind)
+
+
+register(
+    Registration(
+        "nvlink",
+        "NVLink active links and errors, on GPUs that have NVLink",
+        gpu=lambda config, pods: [NvlinkCollector()],
+    )
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 POWER = gpu_gauge("gpu_power_watts", "Power draw of the board as NVML reports it.")
 POWER_LIMIT = gpu_gauge(
@@ -33,3 +34,12 @@ class PowerCollector:
         millijoules = gpu.firmware_reading("energy", lambda: gpu.read("nvmlDeviceGetTotalEnergyConsumption"))
         if millijoules is not None:
             gpu.emit(ENERGY, millijoules / 1000)
+
+
+register(
+    Registration(
+        "power",
+        "power draw, the enforced power limit, and energy",
+        gpu=lambda config, pods: [PowerCollector()],
+    )
+)

@@ -17,9 +17,12 @@ from collections.abc import Sequence
 
 import psutil
 
+from ..options import Option, parse_bool, parse_count, parse_path_list, parse_pattern
 from ..proc import process_name
 from ..samples import MetricSpec
 from .base import HostContext
+from .gpu_processes import GpuProcessesCollector
+from .registry import Registration, register
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +119,52 @@ class ProcessesCollector:
                 pid for pid in psutil.pids() if self._name_pattern.search(process_name(pid))
             ]
         return self._name_matches
+
+
+register(
+    Registration(
+        "processes",
+        "per-process GPU memory and serving-process CPU, memory and threads",
+        gpu=lambda config, pods: [GpuProcessesCollector(config.processes_max)],
+        host=lambda config, pods: [
+            ProcessesCollector(
+                config.pid_files, config.name_pattern, config.gpu_processes, config.processes_max
+            )
+        ],
+        options=(
+            Option(
+                "--processes.max",
+                "processes_max",
+                parse_count,
+                "16",
+                "most processes with series: per GPU for GPU memory, in total for serving processes",
+                metavar="N",
+            ),
+            Option(
+                "--processes.pid-file",
+                "pid_files",
+                parse_path_list,
+                "",
+                "file holding a serving process's PID (repeatable; the variable takes commas)",
+                "append",
+                metavar="PATH",
+            ),
+            Option(
+                "--processes.name-pattern",
+                "name_pattern",
+                parse_pattern,
+                "",
+                "regular expression searched in process names (comm) to find serving processes",
+                metavar="REGEX",
+            ),
+            Option(
+                "--processes.gpu",
+                "gpu_processes",
+                parse_bool,
+                "true",
+                "count processes that NVML reports on the GPUs as serving processes",
+                "bool",
+            ),
+        ),
+    )
+)

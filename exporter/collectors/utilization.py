@@ -15,6 +15,7 @@ import functools
 
 from ..nvml import GpuContext, union_value
 from ..samples import MetricSpec, gpu_gauge
+from .registry import Registration, register
 
 GPU_UTILIZATION = gpu_gauge(
     "gpu_utilization_ratio",
@@ -72,3 +73,12 @@ def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
         return None
     gpu.device.state[state_key] = max(s.timeStamp for s in fresh)
     return sum(union_value(value_type, s.sampleValue) for s in fresh) / len(fresh)
+
+
+register(
+    Registration(
+        "utilization",
+        "GPU and memory-bandwidth utilization, the mean of NVML's samples",
+        gpu=lambda config, pods: [UtilizationCollector()],
+    )
+)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
@@ -30,12 +31,15 @@ def fake() -> Iterator[Any]:
 
 @pytest.fixture
 def make_poller(fake: Any) -> Iterator[MakePoller]:
-    """Pollers over the stand-in (XID thread off unless asked for), stopped at the end of the test."""
+    """Pollers over the stand-in (XID thread off unless asked for), stopped at the end of the test.
+
+    Keywords are fields of :class:`ExporterConfig` or collector names, which switch a collector on or off
+    (``gpm=False``)."""
     pollers: list[Poller] = []
 
     def make(**config: Any) -> Poller:
-        config.setdefault("xid", False)
-        poller = Poller(dataclasses.replace(ExporterConfig(), **config), fake, "test")
+        switches = {"xid": False} | {name: config.pop(name) for name in list(config) if name in REGISTRY}
+        poller = Poller(dataclasses.replace(ExporterConfig(), **config).switched(**switches), fake, "test")
         pollers.append(poller)
         return poller
 

@@ -162,7 +162,7 @@ from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
 from tests.unit.exporter import fake_nvml
 
-poller = Poller(ExporterConfig(xid=False, kubernetes_socket=sys.argv[1]), fake_nvml, "test")
+poller = Poller(ExporterConfig(kubernetes_socket=sys.argv[1]).switched(xid=False), fake_nvml, "test")
 poller.pods.watcher.refresh()
 poller.collect()
 text = Exposition(poller).render(None)[0].decode()
