@@ -16,7 +16,8 @@ import time
 
 from inferwatch.common.durations import parse_duration
 
-from ..nvml import GPM_MIN_SECONDS, GpuContext
+from ..gpm_samples import GPM_MIN_SECONDS, GpmState, gpm_buffers, gpm_metrics, gpm_sample
+from ..nvml import GpuContext
 from ..options import Option
 from ..samples import GPU_LABELS, MetricSpec, gpu_gauge
 from .registry import Registration, register
@@ -91,9 +92,9 @@ class GpmCollector:
         instances = _gpu_instances(gpu)
         for instance in sorted(instances):
             self._emit_activities(gpu, self._window_values(gpu, instance, _ACTIVITY_IDS), str(instance))
-        gpu.device.release(
-            gpu.nvml, [key for key in gpu.device.gpm if key is not None and key not in instances]
-        )
+        state = gpu.device.state(GpmState)
+        gone = [key for key in state.buffers if key is not None and key not in instances]
+        state.release(gpu.nvml, gpu.index, gone)
 
     def _window_values(
         self, gpu: GpuContext, instance: int | None, metric_ids: tuple[int, ...]
@@ -101,18 +102,18 @@ class GpmCollector:
         """The metrics of the GPU, or of one GPU instance, over the last window that closed; {} until one
         has. A window spans only collections that all got this far: after a lost, hung or failed one (a
         reset GPU restarts its counters) a new window opens."""
-        buffers = gpu.gpm_buffers(instance)
+        buffers = gpm_buffers(gpu, instance)
         if buffers is None:
             return {}
         collection = gpu.device.collections
         if buffers.opened_at is None or buffers.collection != collection - 1:
             buffers.values = {}
-            buffers.opened_at = time.monotonic() if gpu.gpm_sample(buffers.opened, instance) else None
+            buffers.opened_at = time.monotonic() if gpm_sample(gpu, buffers.opened, instance) else None
         elif time.monotonic() - buffers.opened_at > self._closes_after:
-            if not gpu.gpm_sample(buffers.spare, instance):
+            if not gpm_sample(gpu, buffers.spare, instance):
                 return {}
             closed_at = time.monotonic()
-            buffers.close_window(closed_at, gpu.gpm_metrics(buffers.opened, buffers.spare, metric_ids))
+            buffers.close_window(closed_at, gpm_metrics(gpu, buffers.opened, buffers.spare, metric_ids))
         buffers.collection = collection
         return buffers.values
 
