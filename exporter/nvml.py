@@ -23,12 +23,12 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
-import time
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .clock import SYSTEM_CLOCK, Clock
 from .samples import MetricSpec, Sample
 from .selfmetrics import Tally
 
@@ -172,11 +172,14 @@ class GpuContext:
     :attr:`current` to see how long the call in progress has been running, and to name it if it hangs.
     """
 
-    def __init__(self, nvml: ModuleType, device: GpuDevice, errors: Tally) -> None:
+    def __init__(
+        self, nvml: ModuleType, device: GpuDevice, errors: Tally, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.nvml = nvml
         self.device = device
+        self.clock = clock  # also the clock of collectors' windows (GPM)
         self.samples: list[Sample] = []
-        # The NVML call in progress and when it started (time.monotonic()), set in one assignment so that
+        # The NVML call in progress and when it started (clock.monotonic()), set in one assignment so that
         # the poller's thread never sees one without the other.
         self.current: tuple[str, float] | None = None
         self.process_ids: set[int] = set()
@@ -331,7 +334,7 @@ class GpuContext:
         if fn is None:  # a binding older than the call
             self.learn_unsupported(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
             return None
-        self.current = (call, time.monotonic())
+        self.current = (call, self.clock.monotonic())
         try:
             return invoke(fn)
         except self.nvml.NVMLError as exc:

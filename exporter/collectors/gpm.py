@@ -12,8 +12,6 @@ blocking 20 ms reading. A GPU without GPM has none of these series and counts ``
 
 from __future__ import annotations
 
-import time
-
 from inferwatch.common.durations import parse_duration
 
 from ..gpm_samples import GPM_MIN_SECONDS, GpmState, gpm_buffers, gpm_metrics, gpm_sample
@@ -108,11 +106,11 @@ class GpmCollector:
         collection = gpu.device.collections
         if buffers.opened_at is None or buffers.collection != collection - 1:
             buffers.values = {}
-            buffers.opened_at = time.monotonic() if gpm_sample(gpu, buffers.opened, instance) else None
-        elif time.monotonic() - buffers.opened_at > self._closes_after:
+            buffers.opened_at = gpu.clock.monotonic() if gpm_sample(gpu, buffers.opened, instance) else None
+        elif gpu.clock.monotonic() - buffers.opened_at > self._closes_after:
             if not gpm_sample(gpu, buffers.spare, instance):
                 return {}
-            closed_at = time.monotonic()
+            closed_at = gpu.clock.monotonic()
             buffers.close_window(closed_at, gpm_metrics(gpu, buffers.opened, buffers.spare, metric_ids))
         buffers.collection = collection
         return buffers.values

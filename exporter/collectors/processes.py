@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Sequence
 
 import psutil
@@ -66,7 +65,7 @@ class ProcessesCollector:
 
     def collect(self, host: HostContext) -> None:
         gpu_pids = sorted(host.gpu_processes) if self._include_gpu else []
-        matched = list(dict.fromkeys([*self._pid_file_matches(), *self._pattern_matches(), *gpu_pids]))
+        matched = list(dict.fromkeys([*self._pid_file_matches(), *self._pattern_matches(host), *gpu_pids]))
         host.emit(MATCHED, len(matched))
         processes = {}
         for pid in matched[: self._max]:
@@ -109,10 +108,10 @@ class ProcessesCollector:
                 log.debug("PID file %s is missing or holds no PID", path)
         return pids
 
-    def _pattern_matches(self) -> list[int]:
+    def _pattern_matches(self, host: HostContext) -> list[int]:
         if self._name_pattern is None:
             return []
-        now = time.monotonic()
+        now = host.clock.monotonic()
         if now - self._scanned_at >= _RESCAN_SECONDS:
             self._scanned_at = now
             self._name_matches = [
