@@ -37,7 +37,7 @@ from .collectors import (
     GpuCollector,
     HostCollector,
     HostContext,
-    PodAttribution,
+    Shared,
     gpu_collectors,
     host_collectors,
 )
@@ -168,10 +168,12 @@ class Poller:
         self._clock = clock
         self._nvml = nvml
         self._version = version
-        # What the Kubernetes collectors share, with the thread that lists the kubelet's pod resources.
-        self.pods = PodAttribution.from_config(config) if config.enabled("kubernetes") else None
-        self._gpu_collectors = gpu_collectors(config, self.pods)
-        self._host_collectors = host_collectors(config, self.pods)
+        # What collectors share: the serving processes, and what the Kubernetes ones share, with the thread
+        # that lists the kubelet's pod resources.
+        shared = Shared.from_config(config)
+        self.pods = shared.pods
+        self._gpu_collectors = gpu_collectors(config, shared)
+        self._host_collectors = host_collectors(config, shared)
         self.nvml_errors = Tally(NVML_ERRORS)
         names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
         self.collector_errors = Tally(COLLECTOR_ERRORS, preset=[(name,) for name in names])

@@ -21,8 +21,8 @@ from . import nvlink, mig, host, gpm, processes, pcie_throughput, kubernetes, xi
 
 # isort: on
 from .base import GpuCollector, HostCollector, HostContext
-from .kubernetes import PodAttribution
 from .registry import REGISTRY, Registration
+from .shared import Shared
 
 if TYPE_CHECKING:
     from ..config import ExporterConfig
@@ -32,21 +32,23 @@ __all__ = [
     "GpuCollector",
     "HostCollector",
     "HostContext",
-    "PodAttribution",
+    "Shared",
     "gpu_collectors",
     "host_collectors",
 ]
 
 
-def gpu_collectors(config: ExporterConfig, pods: PodAttribution | None = None) -> list[GpuCollector]:
-    """The NVML collectors the configuration enables, in the order they run; ``pods`` (with
-    ``--collector.kubernetes``) is what the Kubernetes collectors share."""
-    return [c for r in _enabled(config) if r.gpu is not None for c in r.gpu(config, pods)]
+def gpu_collectors(config: ExporterConfig, shared: Shared | None = None) -> list[GpuCollector]:
+    """The NVML collectors the configuration enables, in the order they run, over ``shared`` (made from
+    the configuration when not given)."""
+    shared = shared or Shared.from_config(config)
+    return [c for r in _enabled(config) if r.gpu is not None for c in r.gpu(config, shared)]
 
 
-def host_collectors(config: ExporterConfig, pods: PodAttribution | None = None) -> list[HostCollector]:
-    """The psutil collectors the configuration enables, in the order they run."""
-    return [c for r in _enabled(config) if r.host is not None for c in r.host(config, pods)]
+def host_collectors(config: ExporterConfig, shared: Shared | None = None) -> list[HostCollector]:
+    """The psutil collectors the configuration enables, in the order they run, over ``shared``."""
+    shared = shared or Shared.from_config(config)
+    return [c for r in _enabled(config) if r.host is not None for c in r.host(config, shared)]
 
 
 def _enabled(config: ExporterConfig) -> list[Registration]:

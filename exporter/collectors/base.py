@@ -19,14 +19,12 @@ class GpuCollector(Protocol):
 
 class HostContext:
     """One collection of the host: where host collectors put samples, the processes seen on GPUs (PID ->
-    UUIDs of the GPUs it runs on), the serving processes the processes collector gave series, and the
-    clock of the poller."""
+    UUIDs of the GPUs it runs on), and the clock of the poller."""
 
     def __init__(self, gpu_processes: dict[int, set[str]], clock: Clock = SYSTEM_CLOCK) -> None:
         self.samples: list[Sample] = []
         self.clock = clock
         self.gpu_processes = gpu_processes
-        self.serving_process_ids: list[int] = []
 
     def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
         self.samples.append(Sample(spec, labels, float(value)))

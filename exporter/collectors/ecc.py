@@ -52,4 +52,6 @@ class EccCollector:
             gpu.emit(REMAPPED_ROWS_FAILED, failed)
 
 
-register(Registration("ecc", "ECC error counts and row remapping", gpu=lambda config, pods: [EccCollector()]))
+register(
+    Registration("ecc", "ECC error counts and row remapping", gpu=lambda config, shared: [EccCollector()])
+)

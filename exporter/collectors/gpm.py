@@ -143,7 +143,7 @@ register(
     Registration(
         "gpm",
         "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
-        gpu=lambda config, pods: [GpmCollector(config.gpm_window, config.interval)],
+        gpu=lambda config, shared: [GpmCollector(config.gpm_window, config.interval)],
         options=(
             Option(
                 "--collector.gpm.window",

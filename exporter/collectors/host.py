@@ -40,5 +40,5 @@ class HostStatsCollector:
 
 
 register(
-    Registration("host", "host CPU time, memory and load", host=lambda config, pods: [HostStatsCollector()])
+    Registration("host", "host CPU time, memory and load", host=lambda config, shared: [HostStatsCollector()])
 )

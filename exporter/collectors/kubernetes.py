@@ -32,6 +32,7 @@ from .registry import Registration, register
 
 if TYPE_CHECKING:
     from ..config import ExporterConfig
+    from .processes import ServingProcesses
 
 POD_INFO = gpu_gauge(
     "gpu_kubernetes_pod_info",
@@ -117,12 +118,14 @@ def _mig_devices(gpu: GpuContext) -> list[MigDevice]:
 class KubernetesProcessesCollector:
     name = "kubernetes_processes"
 
-    def __init__(self, pods: PodAttribution, max_processes: int) -> None:
+    def __init__(self, pods: PodAttribution, serving: ServingProcesses, max_processes: int) -> None:
         self._pods = pods
+        self._serving = serving
         self._max = max_processes
 
     def collect(self, host: HostContext) -> None:
-        followed = dict.fromkeys([*host.serving_process_ids, *sorted(host.gpu_processes)])
+        serving = self._serving.select(host).processes
+        followed = dict.fromkeys([*serving, *sorted(host.gpu_processes)])
         containers = {}
         for pid in list(followed)[: self._max]:
             ref = read_container(pid)
@@ -184,10 +187,10 @@ register(
     Registration(
         "kubernetes",
         "pods and containers holding each GPU (the kubelet's PodResources API) and the pod of each process",
-        gpu=lambda config, pods: [KubernetesPodsCollector(pods)] if pods is not None else [],
-        host=lambda config, pods: (
-            [KubernetesProcessesCollector(pods, config.processes_max)]
-            if pods is not None and config.enabled("processes")
+        gpu=lambda config, shared: [KubernetesPodsCollector(shared.pods)] if shared.pods else [],
+        host=lambda config, shared: (
+            [KubernetesProcessesCollector(shared.pods, shared.serving, config.processes_max)]
+            if shared.pods and shared.serving
             else []
         ),
         options=(

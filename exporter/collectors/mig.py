@@ -31,6 +31,6 @@ class MigCollector:
 
 register(
     Registration(
-        "mig", "MIG mode and the memory of each MIG device", gpu=lambda config, pods: [MigCollector()]
+        "mig", "MIG mode and the memory of each MIG device", gpu=lambda config, shared: [MigCollector()]
     )
 )

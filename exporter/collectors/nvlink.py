@@ -63,6 +63,6 @@ register(
     Registration(
         "nvlink",
         "NVLink active links and errors, on GPUs that have NVLink",
-        gpu=lambda config, pods: [NvlinkCollector()],
+        gpu=lambda config, shared: [NvlinkCollector()],
     )
 )

@@ -32,6 +32,6 @@ class PcieCollector:
 
 register(
     Registration(
-        "pcie", "PCIe link generation, width and replays", gpu=lambda config, pods: [PcieCollector()]
+        "pcie", "PCIe link generation, width and replays", gpu=lambda config, shared: [PcieCollector()]
     )
 )

@@ -19,10 +19,11 @@ from .base import GpuCollector, HostCollector
 
 if TYPE_CHECKING:
     from ..config import ExporterConfig
-    from .kubernetes import PodAttribution
+    from .shared import Shared
 
-GpuFactory = Callable[["ExporterConfig", "PodAttribution | None"], Sequence[GpuCollector]]
-HostFactory = Callable[["ExporterConfig", "PodAttribution | None"], Sequence[HostCollector]]
+# A registration's collectors, from the configuration and what collectors share (.shared.Shared).
+GpuFactory = Callable[["ExporterConfig", "Shared"], Sequence[GpuCollector]]
+HostFactory = Callable[["ExporterConfig", "Shared"], Sequence[HostCollector]]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from inferwatch.exporter.collectors import REGISTRY
+
 from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, render
 
@@ -70,9 +72,8 @@ def normalise(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def test_the_exposition_on_the_stand_in_matches_the_golden_file(
-    make_poller: MakePoller, fake: Any, clock: ManualClock
-) -> None:
+def collect_the_scenario(make_poller: MakePoller, fake: Any, clock: ManualClock) -> str:
+    """The normalised exposition of two collections of :data:`SCENARIO`, a GPM window apart."""
     fake.reset(**SCENARIO)
     poller = make_poller(
         gpm_window=GPM_WINDOW, pcie_throughput=True, host=False, kubernetes=False, processes_max=4
@@ -80,9 +81,31 @@ def test_the_exposition_on_the_stand_in_matches_the_golden_file(
     poller.collect()  # opens the GPM windows
     clock.advance(GPM_WINDOW + 0.05)
     poller.collect()  # closes them
-    got = normalise(render(poller))
+    return normalise(render(poller))
+
+
+def test_the_exposition_on_the_stand_in_matches_the_golden_file(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
+    got = collect_the_scenario(make_poller, fake, clock)
 
     if os.environ.get(UPDATE_ENV):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(got, encoding="utf-8")
     assert got == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_the_order_collectors_run_in_changes_only_the_order_of_the_series(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
+    registered = dict(REGISTRY)
+    REGISTRY.clear()
+    REGISTRY.update(reversed(registered.items()))  # pcie_throughput before gpm, kubernetes first...
+    try:
+        got = collect_the_scenario(make_poller, fake, clock)
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+    golden = GOLDEN.read_text(encoding="utf-8")
+    assert got != golden
+    assert sorted(got.splitlines()) == sorted(golden.splitlines())
