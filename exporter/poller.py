@@ -17,6 +17,9 @@ is closed and reopened at the next poll. Counters are served as NVML counts them
 loaded: a driver reset is a counter reset, which Prometheus' ``rate()`` and ``increase()`` absorb, and
 a restart of the exporter changes no value (an offset kept in memory to hide the reset would be lost by
 a restart, and Prometheus would count what it covered twice; docs/exporter.md, "Counters").
+
+Every time is read on the poller's clock (:mod:`.clock`; the system's unless a test passes a manual
+one): the interval, call deadlines, the NVML retry, GPM windows, durations and timestamps.
 """
 
 from __future__ import annotations
