@@ -1,11 +1,14 @@
 """The poller in-process over the NVML stand-in, where real threads and real time are the point: a hung
 NVML call against a real timeout, the watchdog of a collection that overruns, a thread held up between
-calls, the XID thread waiting on NVML's events, a kubelet that never answers while the poller runs.
-Moved out of the unit tier, which runs on a manual clock (tests/unit/exporter/conftest.py)."""
+calls, the XID thread waiting on NVML's events, a kubelet that never answers while the poller runs, a
+kubelet socket that never speaks against the List deadline. Moved out of the unit tier, which runs on a
+manual clock (tests/unit/exporter/conftest.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -243,3 +246,31 @@ def wait_for(poller: Any, predicate: Any, timeout: float = 10.0) -> str:
             return text
         assert time.monotonic() < deadline, text
         time.sleep(0.05)
+
+
+def test_a_socket_nobody_serves_is_unavailable_and_one_that_never_speaks_times_out(
+    make_poller: MakePoller, tmp_path: Path
+) -> None:
+    socket_path = str(tmp_path / "kubelet.sock")
+    poller = make_poller(kubernetes_timeout=0.3, kubernetes_socket=socket_path)
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(socket_path)  # the file exists; nothing listens on it
+        text = listed(poller)
+    assert sample_value(text, ERRORS, error="unavailable") == 1
+    os.unlink(socket_path)
+
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.bind(socket_path)
+        silent.listen()  # connections are accepted by the kernel and never answered
+        started = time.monotonic()
+        text = listed(poller)
+        assert time.monotonic() - started < 2
+    assert sample_value(text, ERRORS, error="timeout") == 1
+    assert POD_INFO not in text
+
+
+def listed(poller: Any) -> str:
+    """List once, collect once, and the scrape's text."""
+    poller.pods.watcher.refresh()
+    poller.collect()
+    return render(poller)

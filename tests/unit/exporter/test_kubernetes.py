@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,26 +230,6 @@ def test_garbage_is_malformed_and_a_good_answer_afterwards_brings_the_series_bac
     text = listed(poller)
     assert pod_series(text) == {("0", "", "nvidia.com/gpu", "ns", "a", "main")}
     assert sample_value(text, UP) == 1
-
-
-def test_a_socket_nobody_serves_is_unavailable_and_one_that_never_speaks_times_out(
-    k8s_poller: MakePoller, socket_path: str
-) -> None:
-    poller = k8s_poller(kubernetes_timeout=0.3)
-    with socket.socket(socket.AF_UNIX) as dead:
-        dead.bind(socket_path)  # the file exists; nothing listens on it
-        text = listed(poller)
-    assert sample_value(text, ERRORS, error="unavailable") == 1
-    os.unlink(socket_path)
-
-    with socket.socket(socket.AF_UNIX) as silent:
-        silent.bind(socket_path)
-        silent.listen()  # connections are accepted by the kernel and never answered
-        started = time.monotonic()
-        text = listed(poller)
-        assert time.monotonic() - started < 2
-    assert sample_value(text, ERRORS, error="timeout") == 1
-    assert POD_INFO not in text
 
 
 def test_the_pods_collector_fails_alone(
