@@ -229,3 +229,15 @@ def test_process_utilization_tells_a_busy_process_from_an_idle_one(
     text = render(failing)
     assert gpu_value(text, "gpu_process_sm_utilization_ratio", 0) is None  # unknown, not 0
     assert gpu_value(text, "gpu_process_memory_bytes", 0, pid=str(busy)) == 2 << 30
+
+
+def test_without_the_gpm_collector_every_gpu_gets_the_blocking_pcie_reading(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
+    poller = make_poller(gpm=False, pcie_throughput=True)
+    collect_over_windows(poller, clock)
+    text = render(poller)
+    for gpu in (0, 1):
+        assert gpu_value(text, "gpu_pcie_tx_bytes_per_second", gpu) == 2048 * 1024
+        assert fake.calls[(gpu, "nvmlDeviceGetPcieThroughput")] == 4  # two directions, two polls
+    assert not [call for (_, call) in fake.calls if call.startswith("nvmlGpm")]
