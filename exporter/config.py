@@ -10,6 +10,7 @@ starts, and a bad one stops the exporter with one line naming the flag or variab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,18 +18,16 @@ from typing import Any
 
 from inferwatch.common.durations import parse_duration
 
+from .collectors.kubernetes import DEFAULT_RESOURCES, DEFAULT_SOCKET
+from .collectors.registry import REGISTRY, default_collectors
 from .errors import ConfigError
-from .nvml import DEFAULT_NVML_MODULE, GPM_MIN_SECONDS, NVML_MODULE_ENV
+from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
+from .options import ENV_PREFIX, Option, bounded_duration
 
 PROG = "inferwatch-exporter"
-ENV_PREFIX = "INFERWATCH_EXPORTER_"
 #: Not 9835 (nvidia_gpu_exporter), 9400 (dcgm-exporter) nor any port of Prometheus' default port
 #: allocations; next to the serving endpoint's 8797 (docs/exporter.md, "Default port").
 DEFAULT_PORT = 8798
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-#: The extended resources of NVIDIA's device plugin: whole GPUs, their time-sliced replicas when renamed
-#: (``renameByDefault``), and MIG devices (``nvidia.com/mig-1g.10gb``, shared or not).
-DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 
@@ -42,19 +41,15 @@ class ExporterConfig:
     web_config_file: str = ""
     interval: float = 1.0
     timeout: float = 1.0
-    pcie_throughput: bool = False
-    gpm: bool = True
+    #: The names of the collectors that run (:data:`.collectors.registry.REGISTRY`).
+    collectors: frozenset[str] = dataclasses.field(default_factory=default_collectors)
     gpm_window: float = 1.0
-    processes: bool = True
-    xid: bool = True
-    host: bool = True
     gpus: tuple[str, ...] = ()
     processes_max: int = 16
     pid_files: tuple[str, ...] = ()
     name_pattern: re.Pattern[str] | None = None
     gpu_processes: bool = True
     nvml_retry_interval: float = 30.0
-    kubernetes: bool = True
     kubernetes_socket: str = DEFAULT_SOCKET
     kubernetes_resources: tuple[str, ...] = DEFAULT_RESOURCES
     kubernetes_timeout: float = 2.0
@@ -67,45 +62,29 @@ class ExporterConfig:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
 
+    def enabled(self, collector: str) -> bool:
+        """Whether the collector registered as ``collector`` runs."""
+        return collector in self.collectors
+
+    def switched(self, **collectors: bool) -> ExporterConfig:
+        """This configuration with the named collectors switched on (True) or off (False)."""
+        unknown = set(collectors) - set(REGISTRY)
+        if unknown:
+            raise ValueError(f"no such collector: {', '.join(sorted(unknown))}")
+        on = {name for name, wanted in collectors.items() if wanted}
+        return dataclasses.replace(self, collectors=(self.collectors - set(collectors)) | on)
+
 
 # --- value parsers: each raises ValueError with a message that reads well after "flag: " ---------------
-
-
-def bounded_duration(low: str, high: str) -> Callable[[str], float]:
-    """A parser of durations from ``low`` to ``high`` (both written as durations, and included).
-
-    Outside sane limits a duration is a mistake, not a setting: a 1 ms poll interval burns a core and
-    floods the log, and one of 99999999999h overflows the thread waits it becomes.
-    """
-    lowest, highest = parse_duration(low), parse_duration(high)
-
-    def parse(value: str) -> float:
-        seconds = parse_duration(value)
-        if not lowest <= seconds <= highest:
-            raise ValueError(f"{value!r} is outside {low} to {high}")
-        return seconds
-
-    return parse
-
 
 MAX_TIMEOUT = "5m"
 parse_interval = bounded_duration("100ms", "1h")
 parse_timeout = bounded_duration("100ms", MAX_TIMEOUT)
-parse_kubernetes_interval = bounded_duration("1s", "1h")
-parse_kubernetes_timeout = bounded_duration("100ms", "1m")
 
 
 def parse_optional_timeout(value: str) -> float | None:
     """A collection timeout, or None for an empty value (unset: the poll interval)."""
     return parse_timeout(value) if value.strip() else None
-
-
-def parse_gpm_window(value: str) -> float:
-    """A duration no shorter than NVML's minimum between two GPM samples."""
-    seconds = parse_duration(value)
-    if seconds < GPM_MIN_SECONDS:
-        raise ValueError(f"{value!r} is shorter than {GPM_MIN_SECONDS * 1000:.0f}ms, NVML's minimum for GPM")
-    return seconds
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:
@@ -134,15 +113,6 @@ def parse_telemetry_path(value: str) -> str:
     return value
 
 
-def parse_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean (true/false)")
-
-
 def parse_gpus(value: str) -> tuple[str, ...]:
     """``all`` or a comma-separated list of indices and UUIDs (``GPU-...``)."""
     if value.strip().lower() == "all":
@@ -158,21 +128,6 @@ def parse_gpus(value: str) -> tuple[str, ...]:
     return tokens
 
 
-def parse_count(value: str) -> int:
-    if not value.strip().isdigit():
-        raise ValueError(f"{value!r} is not a whole number >= 0")
-    return int(value)
-
-
-def parse_pattern(value: str) -> re.Pattern[str] | None:
-    if not value:
-        return None
-    try:
-        return re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
-
-
 def parse_log_level(value: str) -> str:
     level = value.strip().lower()
     level = "warning" if level == "warn" else level
@@ -181,36 +136,8 @@ def parse_log_level(value: str) -> str:
     return level
 
 
-def parse_path_list(value: str) -> tuple[str, ...]:
-    return tuple(path for path in value.split(",") if path)
-
-
-def parse_resources(value: str) -> tuple[str, ...]:
-    """A comma-separated list of extended resource names, ``*`` and ``?`` matching any characters."""
-    tokens = tuple(token.strip() for token in value.split(",") if token.strip())
-    bad = [t for t in tokens if not re.fullmatch(r"[a-z0-9*?]([-a-z0-9.*?]*/)?[-a-zA-Z0-9._*?]+", t)]
-    if bad or not tokens:
-        raise ValueError(f"{value!r} is not a list of resource names such as nvidia.com/gpu,nvidia.com/mig-*")
-    return tokens
-
-
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    field: str
-    parse: Callable[[str], Any]
-    default: str
-    help: str
-    kind: str = "value"  # value | bool | append
-    metavar: str | None = None
-    default_help: str = ""  # how --help shows the default, where the raw default says little
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + re.sub(r"[.-]", "_", self.flag.lstrip("-")).upper()
-
-
-OPTIONS = (
+#: The exporter's own flags; then each collector's switch and options, from the registry.
+_GENERAL_OPTIONS = (
     Option(
         "--web.listen-address",
         "listen_address",
@@ -253,86 +180,12 @@ OPTIONS = (
         default_help=f"the poll interval, at most {MAX_TIMEOUT}",
     ),
     Option(
-        "--collector.pcie-throughput",
-        "pcie_throughput",
-        parse_bool,
-        "false",
-        "PCIe TX/RX throughput; each reading blocks ~20 ms per direction and GPU",
-        "bool",
-    ),
-    Option(
-        "--collector.gpm",
-        "gpm",
-        parse_bool,
-        "true",
-        "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
-        "bool",
-    ),
-    Option(
-        "--collector.gpm.window",
-        "gpm_window",
-        parse_gpm_window,
-        "1s",
-        "time between the two GPM samples each reading is a ratio over (at least 100ms)",
-        metavar="DURATION",
-    ),
-    Option(
-        "--collector.processes",
-        "processes",
-        parse_bool,
-        "true",
-        "per-process GPU memory and serving-process CPU, memory and threads",
-        "bool",
-    ),
-    Option(
-        "--collector.xid",
-        "xid",
-        parse_bool,
-        "true",
-        "XID error events (a thread waiting on NVML events)",
-        "bool",
-    ),
-    Option("--collector.host", "host", parse_bool, "true", "host CPU time, memory and load", "bool"),
-    Option(
         "--gpus",
         "gpus",
         parse_gpus,
         "all",
         "GPUs to export: all, or indices and UUIDs, comma-separated",
         metavar="LIST",
-    ),
-    Option(
-        "--processes.max",
-        "processes_max",
-        parse_count,
-        "16",
-        "most processes with series: per GPU for GPU memory, in total for serving processes",
-        metavar="N",
-    ),
-    Option(
-        "--processes.pid-file",
-        "pid_files",
-        parse_path_list,
-        "",
-        "file holding a serving process's PID (repeatable; the variable takes commas)",
-        "append",
-        metavar="PATH",
-    ),
-    Option(
-        "--processes.name-pattern",
-        "name_pattern",
-        parse_pattern,
-        "",
-        "regular expression searched in process names (comm) to find serving processes",
-        metavar="REGEX",
-    ),
-    Option(
-        "--processes.gpu",
-        "gpu_processes",
-        parse_bool,
-        "true",
-        "count processes that NVML reports on the GPUs as serving processes",
-        "bool",
     ),
     Option(
         "--nvml.retry-interval",
@@ -343,48 +196,11 @@ OPTIONS = (
         metavar="DURATION",
     ),
     Option(
-        "--collector.kubernetes",
-        "kubernetes",
-        parse_bool,
-        "true",
-        "pods and containers holding each GPU (the kubelet's PodResources API) and the pod of each process",
-        "bool",
-    ),
-    Option(
-        "--kubernetes.pod-resources-socket",
-        "kubernetes_socket",
-        str,
-        DEFAULT_SOCKET,
-        "the kubelet's PodResources socket; none there means no pod series",
-        metavar="PATH",
-    ),
-    Option(
-        "--kubernetes.resources",
-        "kubernetes_resources",
-        parse_resources,
-        ",".join(DEFAULT_RESOURCES),
-        "extended resources that are GPUs, comma-separated; * matches any characters",
-        metavar="LIST",
-    ),
-    Option(
-        "--kubernetes.timeout",
-        "kubernetes_timeout",
-        parse_kubernetes_timeout,
-        "2s",
-        "how long one List of the PodResources API may take (100ms to 1m)",
-        metavar="DURATION",
-    ),
-    Option(
-        "--kubernetes.interval",
-        "kubernetes_interval",
-        parse_kubernetes_interval,
-        "10s",
-        "how often to List the PodResources API (1s to 1h)",
-        metavar="DURATION",
-    ),
-    Option(
         "--log.level", "log_level", parse_log_level, "info", "debug, info, warn or error", metavar="LEVEL"
     ),
+)
+OPTIONS = _GENERAL_OPTIONS + tuple(
+    option for registration in REGISTRY.values() for option in (registration.switch, *registration.options)
 )
 
 _EPILOG = f"""\
@@ -415,10 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     for option in OPTIONS:
         default = option.default_help or option.default or "none"
         help_ = f"{option.help} [env {option.env}; default {default}]"
-        if option.kind == "bool":
+        if option.kind in ("bool", "collector"):
             parser.add_argument(
                 option.flag,
-                dest=option.field,
+                *option.aliases,
+                dest=_dest(option),
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=help_,
@@ -426,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(
                 option.flag,
-                dest=option.field,
+                dest=_dest(option),
                 action="append" if option.kind == "append" else "store",
                 type=_for_argparse(option.parse),
                 default=None,
@@ -434,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
                 help=help_,
             )
     return parser
+
+
+def _dest(option: Option) -> str:
+    """Where argparse puts the value: a collector's switch apart from the fields of the configuration."""
+    return f"collector.{option.field}" if option.kind == "collector" else option.field
 
 
 def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -456,8 +278,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
     if args.version:
         return None
     values: dict[str, Any] = {}
+    collectors: set[str] = set()
     for option in OPTIONS:
-        given = getattr(args, option.field)
+        given = getattr(args, _dest(option))
         if option.kind == "append" and given is not None:
             given = tuple(path for paths in given for path in paths)
         if given is None:
@@ -467,7 +290,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
             except ValueError as exc:
                 source = option.env if option.env in environ else option.flag
                 raise ConfigError(f"{source}: {exc}") from None
-        values[option.field] = given
+        if option.kind == "collector":
+            collectors.update([option.field] if given else [])
+        else:
+            values[option.field] = given
     host, port = values.pop("listen_address")
     if values["timeout"] is None:
         values["timeout"] = min(values["interval"], parse_duration(MAX_TIMEOUT))
@@ -476,4 +302,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
         raise ConfigError(
             f"{NVML_MODULE_ENV}: {nvml_module!r} is not a module name (unset it for {DEFAULT_NVML_MODULE})"
         )
-    return ExporterConfig(listen_host=host, listen_port=port, nvml_module=nvml_module, **values)
+    return ExporterConfig(
+        listen_host=host,
+        listen_port=port,
+        collectors=frozenset(collectors),
+        nvml_module=nvml_module,
+        **values,
+    )

@@ -13,9 +13,9 @@ Error policy, per call (see :meth:`GpuContext.read`):
 * NVML itself gone (uninitialised, driver unloaded, version mismatch): the session is closed and reopened;
 * anything else: that series is left out this time and the error counted.
 
-GPM (GPU Performance Monitoring, Hopper and newer) reads profiling counters into sample buffers that NVML
-allocates; each GPU keeps its buffers in :attr:`GpuDevice.gpm` from one collection to the next and gives
-them back with :meth:`GpuDevice.release` when its session closes.
+What collectors keep about a GPU from one poll to the next is typed: each keeps a state object of its
+own class in the GPU's :class:`GpuDevice` (:meth:`GpuDevice.state`), and one that holds what NVML
+allocated (GPM sample buffers, :mod:`.gpm_samples`) gives it back when the session closes.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
-import math
-import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .clock import SYSTEM_CLOCK, Clock
 from .samples import MetricSpec, Sample
 from .selfmetrics import Tally
 
@@ -104,20 +103,6 @@ def union_value(value_type: int, value: Any) -> float:
     return float(getattr(value, _VALUE_MEMBERS[value_type]))
 
 
-# NVML readings that cost milliseconds each (a round trip to the GPU's firmware on recent GPUs) where the
-# other calls of a poll take microseconds (tests/benchmarks/nvml_call_cost.py: 2.8 ms per utilization
-# sample buffer and 3-4 ms for the energy counter on an H200, against a 12.8 ms poll). Each is read on its
-# own turn, one per poll, and its last value served in between, so no poll pays for all of them.
-FIRMWARE_READINGS = ("gpu_utilization_samples", "memory_bandwidth_utilization_samples", "energy")
-
-
-# NVML needs the two GPM samples of a metric more than 100 ms apart ("due to the internal sample refresh
-# rate", nvmlGpmMetricsGet's documentation): on an H200, samples 20 ms apart gave 0 or NaN for everything.
-GPM_MIN_SECONDS = 0.1
-# NVML_GPM_METRICS_GET_VERSION: part of the C ABI, like the return codes.
-_GPM_METRICS_GET_VERSION = 1
-
-
 def handle_key(handle: Any) -> Hashable:
     """A hashable identity for a device handle: the address behind a ctypes pointer (two pointer objects
     to one device compare unequal), or the handle itself for bindings whose handles are plain objects."""
@@ -127,30 +112,22 @@ def handle_key(handle: Any) -> Hashable:
         return handle
 
 
-@dataclass(eq=False)
-class GpmBuffers:
-    """The two GPM sample buffers of one GPU or GPU instance: the sample that opened the current window,
-    and a spare that the sample closing it is read into. They swap roles at every closed window, so a GPU
-    holds two buffers for the life of its session however long it runs."""
-
-    opened: Any
-    spare: Any
-    opened_at: float | None = None  # monotonic time of the opening sample; None until one was read
-    collection: int = 0  # the device's collection that last used them: a gap means the window is broken
-    values: dict[int, float] = field(default_factory=dict)  # metric id -> value of the last closed window
-
-    def close_window(self, at: float, values: dict[int, float]) -> None:
-        """The spare now holds the sample that closed the window at ``at``: it opens the next one."""
-        self.opened, self.spare = self.spare, self.opened
-        self.opened_at, self.values = at, values
-
-
 class GpuLost(Exception):
     """The GPU answered GPU_IS_LOST or RESET_REQUIRED: stop reading it for this collection."""
 
 
 class NvmlGone(Exception):
     """NVML as a whole stopped working (driver unloaded or reset): the session must be reopened."""
+
+
+@runtime_checkable
+class HoldsNvmlResources(Protocol):
+    """A collector's state that holds what NVML allocated for a GPU, to give back when the session ends."""
+
+    def release(self, nvml: ModuleType, gpu: int) -> None: ...
+
+
+State = TypeVar("State")
 
 
 @dataclass(eq=False)
@@ -164,29 +141,28 @@ class GpuDevice:
     cuda_driver_version: str = ""
     unsupported: set[Hashable] = field(default_factory=set)
     cache: dict[Hashable, Any] = field(default_factory=dict)
-    # Per-collector memory between polls (e.g. the newest utilization sample already averaged).
-    state: dict[str, Any] = field(default_factory=dict)
-    collections: int = 0  # collections started on this GPU: whose turn a firmware reading is
-    # GPM sample buffers by GPU instance (None: the whole GPU), allocated by NVML: see release().
-    gpm: dict[int | None, GpmBuffers] = field(default_factory=dict)
+    collections: int = 0  # collections started on this GPU
+    # Each collector's memory between polls, by its class (e.g. the newest utilization sample averaged).
+    _states: dict[type, Any] = field(default_factory=dict)
 
     @property
     def labels(self) -> tuple[str, str]:
         return (str(self.index), self.uuid)
 
-    def release(self, nvml: ModuleType, instances: Iterable[int | None] | None = None) -> None:
-        """Give NVML back the GPM buffers of ``instances`` (None: of the GPU and every instance).
+    def state(self, kind: type[State]) -> State:
+        """This GPU's state of class ``kind`` (one per collector that keeps some), made on first use."""
+        if kind not in self._states:
+            self._states[kind] = kind()
+        return self._states[kind]
 
-        Must run while NVML is initialised and while no collection of this GPU runs (the buffers are in
-        use during one). A free that fails is logged: nothing else can be done about it.
+    def release(self, nvml: ModuleType) -> None:
+        """Give NVML back what the collectors' states hold (GPM buffers) for this GPU.
+
+        Must run while NVML is initialised and while no collection of this GPU runs.
         """
-        for key in list(self.gpm if instances is None else instances):
-            buffers = self.gpm.pop(key, None)
-            for handle in (buffers.opened, buffers.spare) if buffers else ():
-                try:
-                    nvml.nvmlGpmSampleFree(handle)
-                except (nvml.NVMLError, AttributeError) as exc:
-                    log.debug("GPU %d: nvmlGpmSampleFree failed: %s", self.index, exc)
+        for state in self._states.values():
+            if isinstance(state, HoldsNvmlResources):
+                state.release(nvml, self.index)
 
 
 class GpuContext:
@@ -196,16 +172,19 @@ class GpuContext:
     :attr:`current` to see how long the call in progress has been running, and to name it if it hangs.
     """
 
-    def __init__(self, nvml: ModuleType, device: GpuDevice, errors: Tally) -> None:
+    def __init__(
+        self, nvml: ModuleType, device: GpuDevice, errors: Tally, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.nvml = nvml
         self.device = device
+        self.clock = clock  # also the clock of collectors' windows (GPM)
         self.samples: list[Sample] = []
-        # The NVML call in progress and when it started (time.monotonic()), set in one assignment so that
+        # The NVML call in progress and when it started (clock.monotonic()), set in one assignment so that
         # the poller's thread never sees one without the other.
         self.current: tuple[str, float] | None = None
         self.process_ids: set[int] = set()
         self._errors = errors
-        self._turn = device.collections % len(FIRMWARE_READINGS)
+        self.collection = device.collections  # the number of this collection of the GPU, from 0
         device.collections += 1
 
     @property
@@ -235,19 +214,7 @@ class GpuContext:
                 return None
             handle = self.device.handle
         learn = handle is self.device.handle
-        return self._call(call, key, lambda fn: fn(handle, *args), quiet, learn)
-
-    def firmware_reading(self, reading: str, read: Callable[[], float | None]) -> float | None:
-        """The value of ``reading`` (one of FIRMWARE_READINGS): ``read()`` on its turn or while no value is
-        known, else the value read last. A failed read leaves the series out until the next read."""
-        state = self.device.state
-        if reading not in state or FIRMWARE_READINGS[self._turn] == reading:
-            value = read()
-            if value is None:
-                state.pop(reading, None)
-            else:
-                state[reading] = value
-        return state.get(reading)
+        return self.call(call, key, lambda fn: fn(handle, *args), quiet, learn)
 
     def read_samples(self, sample_type: int, last_seen_us: int) -> tuple[int, list] | None:
         """``nvmlDeviceGetSamples``: (value type, samples of ``sample_type`` newer than ``last_seen_us``), or
@@ -257,7 +224,7 @@ class GpuContext:
         if key in self.device.unsupported:
             return None
         handle = self.device.handle
-        return self._call(
+        return self.call(
             call,
             key,
             lambda fn: fn(handle, sample_type, last_seen_us),
@@ -273,6 +240,15 @@ class GpuContext:
                 if value is not None or not self.is_unsupported(call, *args):
                     return value
         return None
+
+    def mig_devices(self) -> Iterator[tuple[int, Any]]:
+        """(slot, handle) of each MIG device of a GPU in MIG mode."""
+        slots = self.cached("nvmlDeviceGetMaxMigDeviceCount") or 0
+        for slot in range(slots):
+            # NOT_FOUND: no MIG device in this slot.
+            handle = self.read("nvmlDeviceGetMigDeviceHandleByIndex", slot, quiet=(ERROR_NOT_FOUND,))
+            if handle is not None:
+                yield slot, handle
 
     def is_unsupported(self, call: str, *args: Any) -> bool:
         return (call, *args) in self.device.unsupported
@@ -298,13 +274,13 @@ class GpuContext:
         if not wanted or (call,) in self.device.unsupported:
             return {}
         handle = self.device.handle
-        values = self._call(call, (call,), lambda fn: fn(handle, wanted), (), learn=True)
+        values = self.call(call, (call,), lambda fn: fn(handle, wanted), (), learn=True)
         out: dict[int, float] = {}
         for fv in values or ():
             if fv.nvmlReturn == SUCCESS:
                 out[fv.fieldId] = union_value(fv.valueType, fv.value)
             else:
-                self._item_failed(call, "field", fv.fieldId, fv.nvmlReturn)
+                self.item_failed(call, "field", fv.fieldId, fv.nvmlReturn)
         return out
 
     def read_process_utilization(self, last_seen_us: int) -> list[Any] | None:
@@ -319,12 +295,13 @@ class GpuContext:
             return None
         handle = self.device.handle
         quiet = (ERROR_NOT_FOUND, SUCCESS)
-        return self._call(call, (call,), lambda fn: fn(handle, last_seen_us), quiet, learn=True, on_quiet=[])
+        return self.call(call, (call,), lambda fn: fn(handle, last_seen_us), quiet, learn=True, on_quiet=[])
 
     # --- GPM ---------------------------------------------------------------------------------------------
 
-    def gpm_supported(self) -> bool:
-        """Whether the GPU has GPM. One without it is learned as not supported, and counted, once."""
+    def has_gpm(self) -> bool:
+        """Whether the GPU has GPM, asked once per session: one without it is learned as not supported,
+        and counted, once. Decides, per GPU, whether GPM or the blocking reading gives PCIe throughput."""
         call = "nvmlGpmQueryDeviceSupport"
         if self.is_unsupported(call):
             return False
@@ -332,78 +309,18 @@ class GpuContext:
         if support is None:
             return False
         if not support.isSupportedDevice:
-            self._learn((call,), call, ERROR_NOT_SUPPORTED, learn=True)
+            self.learn_unsupported((call,), call, ERROR_NOT_SUPPORTED, learn=True)
             return False
         return True
 
-    def gpm_buffers(self, instance: int | None) -> GpmBuffers | None:
-        """The GPM buffers of the GPU (``instance`` None) or of one of its GPU instances, allocated by
-        NVML on first use and kept in :attr:`GpuDevice.gpm`; None when NVML could not allocate them."""
-        buffers = self.device.gpm.get(instance)
-        if buffers is not None:
-            return buffers
-        call = "nvmlGpmSampleAlloc"
-        if self.is_unsupported(call):
-            return None
-        pair = [self._call(call, (call,), lambda fn: fn(), (), learn=True) for _ in range(2)]
-        if None in pair:
-            for handle in pair:
-                if handle is not None:
-                    self._call("nvmlGpmSampleFree", (), lambda fn, h=handle: fn(h), (), learn=False)
-            return None
-        buffers = self.device.gpm[instance] = GpmBuffers(*pair)
-        return buffers
-
-    def gpm_sample(self, buffer: Any, instance: int | None) -> bool:
-        """Read a GPM sample of the GPU, or of GPU instance ``instance``, into ``buffer``."""
-        handle = self.device.handle
-        if instance is None:
-            call, invoke = "nvmlGpmSampleGet", lambda fn: fn(handle, buffer)
-        else:
-            call, invoke = "nvmlGpmMigSampleGet", lambda fn: fn(handle, instance, buffer)
-        if self.is_unsupported(call):
-            return False
-        return self._call(call, (call,), invoke, (), learn=True) is not None
-
-    def gpm_metrics(self, first: Any, second: Any, metric_ids: Sequence[int]) -> dict[int, float]:
-        """``nvmlGpmMetricsGet`` between two samples: metric id -> value, in NVML's units.
-
-        Each metric carries its own return code: one the GPU does not support is learned and not asked for
-        again; one that failed, or came back NaN (samples too close together), is left out and counted.
-        """
-        call = "nvmlGpmMetricsGet"
-        wanted = [m for m in metric_ids if ("gpm_metric", m) not in self.device.unsupported]
-        if not wanted or self.is_unsupported(call):
-            return {}
-        request_type = getattr(self.nvml, "c_nvmlGpmMetricsGet_t", None)
-        if request_type is None:  # a binding older than GPM
-            self._learn((call,), call, ERROR_FUNCTION_NOT_FOUND, learn=True)
-            return {}
-        request = request_type()
-        request.version = _GPM_METRICS_GET_VERSION
-        request.numMetrics = len(wanted)
-        request.sample1, request.sample2 = first, second
-        for slot, metric_id in enumerate(wanted):
-            request.metrics[slot].metricId = metric_id
-        answer = self._call(call, (call,), lambda fn: fn(request), (), learn=True)
-        out: dict[int, float] = {}
-        for metric in answer.metrics[: len(wanted)] if answer is not None else ():
-            if metric.nvmlReturn != SUCCESS:
-                self._item_failed(call, "gpm_metric", metric.metricId, metric.nvmlReturn)
-            elif math.isnan(metric.value):
-                self._errors.add(call, NAN)
-            else:
-                out[metric.metricId] = float(metric.value)
-        return out
-
-    def _item_failed(self, call: str, kind: str, item: int, code: int) -> None:
+    def item_failed(self, call: str, kind: str, item: int, code: int) -> None:
         """One item of a call that answers several (a field value, a GPM metric) failed with ``code``; an
         item the GPU does not support is learned and not asked for again."""
         if code in _UNSUPPORTED:
             self.device.unsupported.add((kind, item))
         self._errors.add(call, error_label(code))
 
-    def _call(
+    def call(
         self,
         call: str,
         key: Hashable,
@@ -415,9 +332,9 @@ class GpuContext:
         """``invoke(nvml.<call>)`` under the error policy; ``on_quiet`` is the answer for a ``quiet`` code."""
         fn = getattr(self.nvml, call, None)
         if fn is None:  # a binding older than the call
-            self._learn(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
+            self.learn_unsupported(key, call, ERROR_FUNCTION_NOT_FOUND, learn)
             return None
-        self.current = (call, time.monotonic())
+        self.current = (call, self.clock.monotonic())
         try:
             return invoke(fn)
         except self.nvml.NVMLError as exc:
@@ -425,7 +342,7 @@ class GpuContext:
             if code in quiet:
                 return on_quiet
             if code in _UNSUPPORTED:
-                self._learn(key, call, code, learn)
+                self.learn_unsupported(key, call, code, learn)
                 return None
             self._errors.add(call, error_label(code))
             if code in _GPU_GONE:
@@ -437,7 +354,12 @@ class GpuContext:
         finally:
             self.current = None
 
-    def _learn(self, key: Hashable, call: str, code: int, learn: bool) -> None:
+    def count_error(self, call: str, error: str) -> None:
+        """Count a failure of ``call`` that is not an NVML return code (``NAN``)."""
+        self._errors.add(call, error)
+
+    def learn_unsupported(self, key: Hashable, call: str, code: int, learn: bool) -> None:
+        """Count ``call``'s failure with ``code`` and, with ``learn``, never make it again (``key``)."""
         self._errors.add(call, error_label(code))
         if learn:
             self.device.unsupported.add(key)

@@ -17,13 +17,15 @@ is closed and reopened at the next poll. Counters are served as NVML counts them
 loaded: a driver reset is a counter reset, which Prometheus' ``rate()`` and ``increase()`` absorb, and
 a restart of the exporter changes no value (an offset kept in memory to hide the reset would be lost by
 a restart, and Prometheus would count what it covered twice; docs/exporter.md, "Counters").
+
+Every time is read on the poller's clock (:mod:`.clock`; the system's unless a test passes a manual
+one): the interval, call deadlines, the NVML retry, GPM windows, durations and timestamps.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,11 +35,12 @@ from typing import TypeVar
 
 from inferwatch.common.lograte import RateLimit
 
+from .clock import SYSTEM_CLOCK, Clock
 from .collectors import (
     GpuCollector,
     HostCollector,
     HostContext,
-    PodAttribution,
+    Shared,
     gpu_collectors,
     host_collectors,
 )
@@ -49,6 +52,7 @@ from .selfmetrics import (
     COLLECT_DURATION,
     COLLECTOR_DURATION,
     COLLECTOR_ERRORS,
+    COLLECTOR_SUCCESS,
     GPU_COLLECT_DURATION,
     GPU_LAST_COLLECT,
     GPU_UP,
@@ -98,7 +102,7 @@ def run_collectors(
     """
     for collector in collectors:
         mark = len(context.samples)
-        started = time.perf_counter()
+        started = context.clock.monotonic()
         try:
             collector.collect(context)  # type: ignore[arg-type]
         except (GpuLost, NvmlGone):
@@ -107,7 +111,7 @@ def run_collectors(
             del context.samples[mark:]
             failures.append((collector.name, exc))
         finally:
-            durations[collector.name] += time.perf_counter() - started
+            durations[collector.name] += context.clock.monotonic() - started
 
 
 class GpuJob:
@@ -126,7 +130,7 @@ class GpuJob:
         self._thread = threading.Thread(target=self._run, name=f"gpu{context.index}", daemon=True)
 
     def start(self) -> None:
-        self._started = time.perf_counter()
+        self._started = self.context.clock.monotonic()
         self._thread.start()
 
     def wait(self, call_timeout: float) -> bool:
@@ -138,7 +142,7 @@ class GpuJob:
             if current is None:  # not started yet, or between two calls: it is making progress
                 self._thread.join(call_timeout)
                 continue
-            remaining = current[1] + call_timeout - time.monotonic()
+            remaining = current[1] + call_timeout - self.context.clock.monotonic()
             if remaining <= 0:
                 return not self._thread.is_alive()
             self._thread.join(remaining)
@@ -154,20 +158,25 @@ class GpuJob:
             self.reason, self.outcome = str(exc), Outcome.NVML_GONE
         finally:
             # From when the poller started waiting: a thread that started late on a busy machine was late.
-            self.elapsed = time.perf_counter() - self._started
+            self.elapsed = self.context.clock.monotonic() - self._started
 
 
 class Poller:
     """Owns collection: the NVML session, the GPU jobs, the host collectors, and the latest snapshot."""
 
-    def __init__(self, config: ExporterConfig, nvml: ModuleType | None, version: str = "") -> None:
+    def __init__(
+        self, config: ExporterConfig, nvml: ModuleType | None, version: str = "", clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._config = config
+        self._clock = clock
         self._nvml = nvml
         self._version = version
-        # What the Kubernetes collectors share, with the thread that lists the kubelet's pod resources.
-        self.pods = PodAttribution.from_config(config) if config.kubernetes else None
-        self._gpu_collectors = gpu_collectors(config, self.pods)
-        self._host_collectors = host_collectors(config, self.pods)
+        # What collectors share: the serving processes, and what the Kubernetes ones share, with the thread
+        # that lists the kubelet's pod resources.
+        shared = Shared.from_config(config)
+        self.pods = shared.pods
+        self._gpu_collectors = gpu_collectors(config, shared)
+        self._host_collectors = host_collectors(config, shared)
         self.nvml_errors = Tally(NVML_ERRORS)
         names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
         self.collector_errors = Tally(COLLECTOR_ERRORS, preset=[(name,) for name in names])
@@ -222,7 +231,7 @@ class Poller:
         yield from self.overruns.samples()
         yield from self.nvml_errors.samples()
         yield from self.collector_errors.samples()
-        if self._config.xid:
+        if self._config.enabled("xid"):
             yield from self.xid_events.samples()
         if self.pods is not None:
             yield from self.pods.watcher.samples()
@@ -234,7 +243,7 @@ class Poller:
         return (self.snapshot.sequence, *(t.version for t in tallies), self.xid_events.version, watcher)
 
     def _loop(self) -> None:
-        due = time.monotonic()
+        due = self._clock.monotonic()
         while not self._stop.is_set():
             try:
                 self.collect()
@@ -242,7 +251,7 @@ class Poller:
                 self.collector_errors.add(POLLER)
                 log.exception("collection failed; trying again at the next interval")
             due += self._config.interval
-            now = time.monotonic()
+            now = self._clock.monotonic()
             due = max(due, now)  # after an overrun, start again at once rather than catch up in a burst
             self._stop.wait(due - now)
 
@@ -253,7 +262,7 @@ class Poller:
                 started = self._collection_started
                 if started is None or self._overrun_counted:
                     continue
-                running = time.monotonic() - started
+                running = self._clock.monotonic() - started
                 if running <= self._config.interval:
                     continue
                 self._overrun_counted = True
@@ -266,7 +275,7 @@ class Poller:
 
     def collect(self) -> Snapshot:
         """Run one collection now and publish its snapshot."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
         with self._collection_lock:
             self._collection_started, self._overrun_counted = started, False
         samples: list[Sample] = [Sample(BUILD_INFO, (self._version,), 1.0)]
@@ -278,7 +287,7 @@ class Poller:
         gpu_pids: dict[int, set[str]] = {}
         if session is not None:
             samples += self._collect_gpus(session, durations, failures, gpu_pids)
-        host = HostContext(gpu_pids)
+        host = HostContext(gpu_pids, self._clock)
         run_collectors(self._host_collectors, host, durations, failures)
         samples += host.samples
 
@@ -286,8 +295,10 @@ class Poller:
             self.collector_errors.add(name)
             self._log_failure(name, exc)
         samples += [Sample(COLLECTOR_DURATION, (name,), seconds) for name, seconds in durations.items()]
-        finished_at = time.time()
-        elapsed = time.monotonic() - started
+        failed = {name for name, _ in failures}
+        samples += [Sample(COLLECTOR_SUCCESS, (name,), float(name not in failed)) for name in durations]
+        finished_at = self._clock.time()
+        elapsed = self._clock.monotonic() - started
         samples.append(Sample(COLLECT_DURATION, (), elapsed))
         samples.append(Sample(LAST_COLLECT, (), finished_at))
 
@@ -314,7 +325,9 @@ class Poller:
                 continue  # still stuck in an NVML call: do not stack another thread on it
             if previous is not None and previous.hang_reported:
                 log.info("GPU %d: the hung NVML call returned after %.1fs", device.index, previous.elapsed)
-            job = GpuJob(GpuContext(session.nvml, device, self.nvml_errors), self._gpu_collectors)
+            job = GpuJob(
+                GpuContext(session.nvml, device, self.nvml_errors, self._clock), self._gpu_collectors
+            )
             job.start()
             self._jobs[device.uuid] = started[device] = job
 
@@ -328,7 +341,7 @@ class Poller:
                 samples += job.context.samples
                 for pid in job.context.process_ids:
                     gpu_pids.setdefault(pid, set()).add(device.uuid)
-                self._last_read[device.labels] = (time.time(), job.elapsed)
+                self._last_read[device.labels] = (self._clock.time(), job.elapsed)
                 for name, seconds in job.durations.items():
                     durations[name] += seconds
                 failures += job.failures
@@ -385,7 +398,7 @@ class Poller:
     def _open_session(self) -> NvmlSession | None:
         if self._session is not None or self._nvml is None:
             return self._session
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now < self._next_init:
             return None
         self._next_init = now + self._config.nvml_retry_interval
@@ -409,7 +422,7 @@ class Poller:
         )
         self._session = session
         self._jobs = {d: j for d, j in self._jobs.items() if j.outcome is Outcome.RUNNING}
-        if self._config.xid:
+        if self._config.enabled("xid"):
             self._xid_watcher = XidWatcher(session, self.xid_events, self.nvml_errors)
             self._xid_watcher.start()
         return session

@@ -29,6 +29,12 @@ LAST_COLLECT = MetricSpec(
 COLLECT_DURATION = MetricSpec(
     "inferwatch_exporter_collect_duration_seconds", "gauge", "Wall time of the last collection."
 )
+COLLECTOR_SUCCESS = MetricSpec(
+    "inferwatch_exporter_collector_success",
+    "gauge",
+    "1 when the collector ran without failing in the last collection (on every GPU it read), else 0.",
+    ("collector",),
+)
 COLLECTOR_DURATION = MetricSpec(
     "inferwatch_exporter_collector_duration_seconds",
     "gauge",

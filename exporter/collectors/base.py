@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..samples import MetricSpec, Sample
 
 if TYPE_CHECKING:
@@ -18,12 +19,12 @@ class GpuCollector(Protocol):
 
 class HostContext:
     """One collection of the host: where host collectors put samples, the processes seen on GPUs (PID ->
-    UUIDs of the GPUs it runs on), and the serving processes the processes collector gave series."""
+    UUIDs of the GPUs it runs on), and the clock of the poller."""
 
-    def __init__(self, gpu_processes: dict[int, set[str]]) -> None:
+    def __init__(self, gpu_processes: dict[int, set[str]], clock: Clock = SYSTEM_CLOCK) -> None:
         self.samples: list[Sample] = []
+        self.clock = clock
         self.gpu_processes = gpu_processes
-        self.serving_process_ids: list[int] = []
 
     def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
         self.samples.append(Sample(spec, labels, float(value)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_gauge
+from .registry import Registration, register
 
 CLOCK = gpu_gauge("gpu_clock_hz", "Current clock frequency by clock domain.", "clock")
 CLOCK_MAX = gpu_gauge("gpu_clock_max_hz", "Highest frequency the clock domain can run at.", "clock")
@@ -29,3 +30,12 @@ class ClocksCollector:
         pstate = gpu.read("nvmlDeviceGetPerformanceState")
         if pstate is not None and pstate != _NVML_PSTATE_UNKNOWN:
             gpu.emit(PSTATE, pstate)
+
+
+register(
+    Registration(
+        "clocks",
+        "current and maximum clocks, and the performance state",
+        gpu=lambda config, shared: [ClocksCollector()],
+    )
+)

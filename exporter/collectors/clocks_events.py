@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 CLOCKS_EVENT_ACTIVE = gpu_gauge(
     "gpu_clocks_event_active",
@@ -73,3 +74,12 @@ class ClocksEventsCollector:
         for field_id, reason in _REASON_FIELDS:
             if field_id in nanoseconds:
                 gpu.emit(CLOCKS_EVENT_SECONDS, nanoseconds[field_id] * _NS, reason)
+
+
+register(
+    Registration(
+        "clocks_events",
+        "why clocks are below their maximum (throttle reasons), and for how long",
+        gpu=lambda config, shared: [ClocksEventsCollector()],
+    )
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 ECC_MODE = gpu_gauge("gpu_ecc_mode", "1 when ECC is enabled.")
 ECC_ERRORS = gpu_counter(
@@ -49,3 +50,8 @@ class EccCollector:
             gpu.emit(REMAPPED_ROWS, uncorrectable, "uncorrectable")
             gpu.emit(REMAPPED_ROWS_PENDING, pending)
             gpu.emit(REMAPPED_ROWS_FAILED, failed)
+
+
+register(
+    Registration("ecc", "ECC error counts and row remapping", gpu=lambda config, shared: [EccCollector()])
+)

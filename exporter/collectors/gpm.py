@@ -12,13 +12,14 @@ blocking 20 ms reading. A GPU without GPM has none of these series and counts ``
 
 from __future__ import annotations
 
-import time
+from inferwatch.common.durations import parse_duration
 
-from ..nvml import GPM_MIN_SECONDS, GpuContext
+from ..gpm_samples import GPM_MIN_SECONDS, GpmState, gpm_buffers, gpm_metrics, gpm_sample
+from ..nvml import GpuContext
+from ..options import Option
 from ..samples import GPU_LABELS, MetricSpec, gpu_gauge
-from .mig import mig_devices
-from .pcie_throughput import RX as PCIE_RX
-from .pcie_throughput import TX as PCIE_TX
+from .registry import Registration, register
+from .series import PCIE_RX, PCIE_TX
 
 
 def _activity(name: str, help_: str) -> MetricSpec:
@@ -79,7 +80,7 @@ class GpmCollector:
         self._closes_after = max(window - min(window, interval) / 2, GPM_MIN_SECONDS)
 
     def collect(self, gpu: GpuContext) -> None:
-        if not gpu.gpm_supported():
+        if not gpu.has_gpm():
             return
         values = self._window_values(gpu, None, _GPU_IDS)
         self._emit_activities(gpu, values, "")
@@ -89,9 +90,9 @@ class GpmCollector:
         instances = _gpu_instances(gpu)
         for instance in sorted(instances):
             self._emit_activities(gpu, self._window_values(gpu, instance, _ACTIVITY_IDS), str(instance))
-        gpu.device.release(
-            gpu.nvml, [key for key in gpu.device.gpm if key is not None and key not in instances]
-        )
+        state = gpu.device.state(GpmState)
+        gone = [key for key in state.buffers if key is not None and key not in instances]
+        state.release(gpu.nvml, gpu.index, gone)
 
     def _window_values(
         self, gpu: GpuContext, instance: int | None, metric_ids: tuple[int, ...]
@@ -99,18 +100,18 @@ class GpmCollector:
         """The metrics of the GPU, or of one GPU instance, over the last window that closed; {} until one
         has. A window spans only collections that all got this far: after a lost, hung or failed one (a
         reset GPU restarts its counters) a new window opens."""
-        buffers = gpu.gpm_buffers(instance)
+        buffers = gpm_buffers(gpu, instance)
         if buffers is None:
             return {}
         collection = gpu.device.collections
         if buffers.opened_at is None or buffers.collection != collection - 1:
             buffers.values = {}
-            buffers.opened_at = time.monotonic() if gpu.gpm_sample(buffers.opened, instance) else None
-        elif time.monotonic() - buffers.opened_at > self._closes_after:
-            if not gpu.gpm_sample(buffers.spare, instance):
+            buffers.opened_at = gpu.clock.monotonic() if gpm_sample(gpu, buffers.opened, instance) else None
+        elif gpu.clock.monotonic() - buffers.opened_at > self._closes_after:
+            if not gpm_sample(gpu, buffers.spare, instance):
                 return {}
-            closed_at = time.monotonic()
-            buffers.close_window(closed_at, gpu.gpm_metrics(buffers.opened, buffers.spare, metric_ids))
+            closed_at = gpu.clock.monotonic()
+            buffers.close_window(closed_at, gpm_metrics(gpu, buffers.opened, buffers.spare, metric_ids))
         buffers.collection = collection
         return buffers.values
 
@@ -126,5 +127,32 @@ def _gpu_instances(gpu: GpuContext) -> set[int]:
     mode = gpu.read("nvmlDeviceGetMigMode")
     if not mode or not mode[0]:
         return set()
-    found = (gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle) for _, handle in mig_devices(gpu))
+    found = (gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle) for _, handle in gpu.mig_devices())
     return {instance for instance in found if instance is not None}
+
+
+def parse_window(value: str) -> float:
+    """A duration no shorter than NVML's minimum between two GPM samples."""
+    seconds = parse_duration(value)
+    if seconds < GPM_MIN_SECONDS:
+        raise ValueError(f"{value!r} is shorter than {GPM_MIN_SECONDS * 1000:.0f}ms, NVML's minimum for GPM")
+    return seconds
+
+
+register(
+    Registration(
+        "gpm",
+        "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
+        gpu=lambda config, shared: [GpmCollector(config.gpm_window, config.interval)],
+        options=(
+            Option(
+                "--collector.gpm.window",
+                "gpm_window",
+                parse_window,
+                "1s",
+                "time between the two GPM samples each reading is a ratio over (at least 100ms)",
+                metavar="DURATION",
+            ),
+        ),
+    )
+)

@@ -12,6 +12,7 @@ process without one was idle (0); when the call fails, the utilization series ar
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from ..nvml import GpuContext
@@ -38,7 +39,12 @@ PROCESS_MEMORY_UTILIZATION = gpu_gauge(
 )
 PROCESSES = gpu_gauge("gpu_processes", "Compute processes running on the GPU (all, not only those shown).")
 
-_STATE_KEY = "gpu_processes.last_sample_us"
+
+@dataclass
+class LastProcessSample:
+    """The timestamp (µs) of the newest per-process utilization sample already averaged, on one GPU."""
+
+    seen_us: int = 0
 
 
 class GpuProcessesCollector:
@@ -71,7 +77,8 @@ class GpuProcessesCollector:
 def _utilization_since_last_poll(gpu: GpuContext) -> dict[int, tuple[float, float]] | None:
     """pid -> mean (SM, memory) utilization in percent of its samples since the last poll; None when the
     samples could not be read."""
-    last_seen = gpu.device.state.get(_STATE_KEY, 0)
+    state = gpu.device.state(LastProcessSample)
+    last_seen = state.seen_us
     samples = gpu.read_process_utilization(last_seen)
     if samples is None:
         return None
@@ -80,7 +87,7 @@ def _utilization_since_last_poll(gpu: GpuContext) -> dict[int, tuple[float, floa
         if sample.timeStamp > last_seen:
             by_pid[sample.pid].append(sample)
     if by_pid:
-        gpu.device.state[_STATE_KEY] = max(s.timeStamp for group in by_pid.values() for s in group)
+        state.seen_us = max(s.timeStamp for group in by_pid.values() for s in group)
     return {
         pid: (sum(s.smUtil for s in group) / len(group), sum(s.memUtil for s in group) / len(group))
         for pid, group in by_pid.items()

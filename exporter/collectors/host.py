@@ -8,6 +8,7 @@ import psutil
 
 from ..samples import MetricSpec
 from .base import HostContext
+from .registry import Registration, register
 
 CPU_SECONDS = MetricSpec(
     "host_cpu_seconds_total", "counter", "CPU time of all cores together, by mode.", ("mode",)
@@ -36,3 +37,8 @@ class HostStatsCollector:
         loads = os.getloadavg()
         for spec, index in LOADS:
             host.emit(spec, loads[index])
+
+
+register(
+    Registration("host", "host CPU time, memory and load", host=lambda config, shared: [HostStatsCollector()])
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext, text
 from ..samples import gpu_gauge
+from .registry import Registration, register
 
 GPU_INFO = gpu_gauge(
     "gpu_info",
@@ -45,3 +46,12 @@ class IdentityCollector:
 
 def _text_or_empty(value: bytes | str | None) -> str:
     return "" if value is None else text(value)
+
+
+register(
+    Registration(
+        "identity",
+        "GPU identity (one gpu_info series) and persistence mode",
+        gpu=lambda config, shared: [IdentityCollector()],
+    )
+)

@@ -15,6 +15,7 @@ kube-state-metrics' ``kube_pod_info{uid}`` names.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
@@ -23,13 +24,15 @@ from ..kubernetes.cgroup import ContainerRef, read_container
 from ..kubernetes.devices import MigDevice
 from ..kubernetes.podresources import PodResourcesWatcher
 from ..nvml import GpuContext, text
+from ..options import Option, bounded_duration
 from ..proc import process_name
 from ..samples import MetricSpec, gpu_gauge
 from .base import HostContext
-from .mig import mig_devices
+from .registry import Registration, register
 
 if TYPE_CHECKING:
     from ..config import ExporterConfig
+    from .processes import ServingProcesses
 
 POD_INFO = gpu_gauge(
     "gpu_kubernetes_pod_info",
@@ -50,6 +53,11 @@ PROCESS_INFO = MetricSpec(
 )
 
 Holder = tuple[str, str, str]  # namespace, pod, container
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: The extended resources of NVIDIA's device plugin: whole GPUs, their time-sliced replicas when renamed
+#: (``renameByDefault``), and MIG devices (``nvidia.com/mig-1g.10gb``, shared or not).
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
 
 class PodAttribution:
@@ -99,7 +107,7 @@ def _mig_devices(gpu: GpuContext) -> list[MigDevice]:
     if mode is None or not mode[0]:
         return []
     found = []
-    for slot, handle in mig_devices(gpu):
+    for slot, handle in gpu.mig_devices():
         uuid = gpu.read("nvmlDeviceGetUUID", handle=handle)
         if uuid is not None:
             instance = gpu.read("nvmlDeviceGetGpuInstanceId", handle=handle)
@@ -110,12 +118,14 @@ def _mig_devices(gpu: GpuContext) -> list[MigDevice]:
 class KubernetesProcessesCollector:
     name = "kubernetes_processes"
 
-    def __init__(self, pods: PodAttribution, max_processes: int) -> None:
+    def __init__(self, pods: PodAttribution, serving: ServingProcesses, max_processes: int) -> None:
         self._pods = pods
+        self._serving = serving
         self._max = max_processes
 
     def collect(self, host: HostContext) -> None:
-        followed = dict.fromkeys([*host.serving_process_ids, *sorted(host.gpu_processes)])
+        serving = self._serving.select(host).processes
+        followed = dict.fromkeys([*serving, *sorted(host.gpu_processes)])
         containers = {}
         for pid in list(followed)[: self._max]:
             ref = read_container(pid)
@@ -162,3 +172,60 @@ def name_containers(
         if not others and pods.get(uid_of[container_id]) == (namespace, pod):
             names[container_id] = container
     return pods, names
+
+
+def parse_resources(value: str) -> tuple[str, ...]:
+    """A comma-separated list of extended resource names, ``*`` and ``?`` matching any characters."""
+    tokens = tuple(token.strip() for token in value.split(",") if token.strip())
+    bad = [t for t in tokens if not re.fullmatch(r"[a-z0-9*?]([-a-z0-9.*?]*/)?[-a-zA-Z0-9._*?]+", t)]
+    if bad or not tokens:
+        raise ValueError(f"{value!r} is not a list of resource names such as nvidia.com/gpu,nvidia.com/mig-*")
+    return tokens
+
+
+register(
+    Registration(
+        "kubernetes",
+        "pods and containers holding each GPU (the kubelet's PodResources API) and the pod of each process",
+        gpu=lambda config, shared: [KubernetesPodsCollector(shared.pods)] if shared.pods else [],
+        host=lambda config, shared: (
+            [KubernetesProcessesCollector(shared.pods, shared.serving, config.processes_max)]
+            if shared.pods and shared.serving
+            else []
+        ),
+        options=(
+            Option(
+                "--kubernetes.pod-resources-socket",
+                "kubernetes_socket",
+                str,
+                DEFAULT_SOCKET,
+                "the kubelet's PodResources socket; none there means no pod series",
+                metavar="PATH",
+            ),
+            Option(
+                "--kubernetes.resources",
+                "kubernetes_resources",
+                parse_resources,
+                ",".join(DEFAULT_RESOURCES),
+                "extended resources that are GPUs, comma-separated; * matches any characters",
+                metavar="LIST",
+            ),
+            Option(
+                "--kubernetes.timeout",
+                "kubernetes_timeout",
+                bounded_duration("100ms", "1m"),
+                "2s",
+                "how long one List of the PodResources API may take (100ms to 1m)",
+                metavar="DURATION",
+            ),
+            Option(
+                "--kubernetes.interval",
+                "kubernetes_interval",
+                bounded_duration("1s", "1h"),
+                "10s",
+                "how often to List the PodResources API (1s to 1h)",
+                metavar="DURATION",
+            ),
+        ),
+    )
+)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_gauge
+from .registry import Registration, register
 
 MEMORY_TOTAL = gpu_gauge("gpu_memory_total_bytes", "Installed device memory.")
 MEMORY_USED = gpu_gauge("gpu_memory_used_bytes", "Device memory allocated by processes.")
@@ -35,3 +36,12 @@ class MemoryCollector:
         reserved = getattr(info, "reserved", None)
         if reserved is not None:
             gpu.emit(MEMORY_RESERVED, reserved)
+
+
+register(
+    Registration(
+        "memory",
+        "device memory: total, used, free and driver-reserved",
+        gpu=lambda config, shared: [MemoryCollector()],
+    )
+)

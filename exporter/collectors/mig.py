@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-from ..nvml import ERROR_NOT_FOUND, GpuContext
+from ..nvml import GpuContext
 from ..samples import gpu_gauge
+from .registry import Registration, register
 
 MIG_MODE = gpu_gauge("gpu_mig_mode", "1 when MIG (multi-instance GPU) mode is enabled.")
 MIG_MEMORY_TOTAL = gpu_gauge("gpu_mig_memory_total_bytes", "Device memory of one MIG device.", "mig")
@@ -24,18 +22,15 @@ class MigCollector:
         gpu.emit(MIG_MODE, current)
         if not current:
             return
-        for slot, handle in mig_devices(gpu):
+        for slot, handle in gpu.mig_devices():
             info = gpu.read("nvmlDeviceGetMemoryInfo", handle=handle)
             if info is not None:
                 gpu.emit(MIG_MEMORY_TOTAL, info.total, str(slot))
                 gpu.emit(MIG_MEMORY_USED, info.used, str(slot))
 
 
-def mig_devices(gpu: GpuContext) -> Iterator[tuple[int, Any]]:
-    """(slot, handle) of each MIG device of a GPU in MIG mode."""
-    slots = gpu.cached("nvmlDeviceGetMaxMigDeviceCount") or 0
-    for slot in range(slots):
-        # NOT_FOUND: no MIG device in this slot.
-        handle = gpu.read("nvmlDeviceGetMigDeviceHandleByIndex", slot, quiet=(ERROR_NOT_FOUND,))
-        if handle is not None:
-            yield slot, handle
+register(
+    Registration(
+        "mig", "MIG mode and the memory of each MIG device", gpu=lambda config, shared: [MigCollector()]
+    )
+)

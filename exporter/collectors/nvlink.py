@@ -6,8 +6,11 @@ GPU without NVLink that first read fails once and the collector costs nothing af
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 LINKS_ACTIVE = gpu_gauge("gpu_nvlink_links_active", "NVLink links that are up.")
 LINK_ERRORS = gpu_counter(
@@ -19,14 +22,21 @@ LINK_ERRORS = gpu_counter(
 _MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of the GPUs NVML supports today; the range is probed once.
 # NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL
 _ERROR_FIELDS = ((38, "crc_flit"), (45, "crc_data"), (52, "replay"), (59, "recovery"))
-_STATE_KEY = "nvlink.links"
+
+
+@dataclass
+class LinkCount:
+    """How many NVLink links a GPU has: None until probed on its first poll."""
+
+    links: int | None = None
 
 
 class NvlinkCollector:
     name = "nvlink"
 
     def collect(self, gpu: GpuContext) -> None:
-        links = gpu.device.state.get(_STATE_KEY)
+        known = gpu.device.state(LinkCount)
+        links = known.links
         active = 0
         if links is None:
             links = 0
@@ -36,7 +46,7 @@ class NvlinkCollector:
                     break
                 links += 1
                 active += state
-            gpu.device.state[_STATE_KEY] = links
+            known.links = links
         else:
             for link in range(links):
                 active += gpu.read("nvmlDeviceGetNvLinkState", link) or 0
@@ -47,3 +57,12 @@ class NvlinkCollector:
         for field_id, kind in _ERROR_FIELDS:
             if field_id in errors:
                 gpu.emit(LINK_ERRORS, errors[field_id], kind)
+
+
+register(
+    Registration(
+        "nvlink",
+        "NVLink active links and errors, on GPUs that have NVLink",
+        gpu=lambda config, shared: [NvlinkCollector()],
+    )
+)

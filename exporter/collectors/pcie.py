@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 LINK_GEN = gpu_gauge("gpu_pcie_link_gen", "Current PCIe link generation.")
 LINK_WIDTH = gpu_gauge("gpu_pcie_link_width", "Current PCIe link width, in lanes.")
@@ -27,3 +28,10 @@ class PcieCollector:
             value = gpu.cached(call) if cached else gpu.read(call)
             if value is not None:
                 gpu.emit(spec, value)
+
+
+register(
+    Registration(
+        "pcie", "PCIe link generation, width and replays", gpu=lambda config, shared: [PcieCollector()]
+    )
+)

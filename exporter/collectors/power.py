@@ -7,8 +7,10 @@ every third poll: ``rate()`` over it loses nothing but freshness of a few second
 
 from __future__ import annotations
 
+from ..firmware import firmware_reading
 from ..nvml import GpuContext
 from ..samples import gpu_counter, gpu_gauge
+from .registry import Registration, register
 
 POWER = gpu_gauge("gpu_power_watts", "Power draw of the board as NVML reports it.")
 POWER_LIMIT = gpu_gauge(
@@ -30,6 +32,15 @@ class PowerCollector:
         limit_milliwatts = gpu.read("nvmlDeviceGetEnforcedPowerLimit")
         if limit_milliwatts is not None:
             gpu.emit(POWER_LIMIT, limit_milliwatts / 1000)
-        millijoules = gpu.firmware_reading("energy", lambda: gpu.read("nvmlDeviceGetTotalEnergyConsumption"))
+        millijoules = firmware_reading(gpu, "energy", lambda: gpu.read("nvmlDeviceGetTotalEnergyConsumption"))
         if millijoules is not None:
             gpu.emit(ENERGY, millijoules / 1000)
+
+
+register(
+    Registration(
+        "power",
+        "power draw, the enforced power limit, and energy",
+        gpu=lambda config, shared: [PowerCollector()],
+    )
+)

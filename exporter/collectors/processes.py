@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 
+from ..options import Option, parse_bool, parse_count, parse_path_list, parse_pattern
 from ..proc import process_name
 from ..samples import MetricSpec
 from .base import HostContext
+from .gpu_processes import GpuProcessesCollector
+from .registry import Registration, register
+
+if TYPE_CHECKING:
+    from ..config import ExporterConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +50,19 @@ MATCHED = MetricSpec(
 _RESCAN_SECONDS = 10.0
 
 
-class ProcessesCollector:
-    name = "processes"
+@dataclass(frozen=True)
+class Selection:
+    """The serving processes of one collection: how many matched, and the first ``--processes.max`` of
+    them that exist, by PID."""
+
+    matched: int
+    processes: dict[int, psutil.Process]
+
+
+class ServingProcesses:
+    """Which processes are serving processes. Chosen once per collection, by whichever collector asks
+    first (the processes collector for their series, the Kubernetes one for their pods), so that neither
+    reads what the other emitted."""
 
     def __init__(
         self,
@@ -59,36 +77,27 @@ class ProcessesCollector:
         self._max = max_processes
         self._name_matches: list[int] = []
         self._scanned_at = float("-inf")
-        self._processes: dict[int, psutil.Process] = {}
+        self._selection = Selection(0, {})
+        self._selected_for: HostContext | None = None
 
-    def collect(self, host: HostContext) -> None:
-        gpu_pids = sorted(host.gpu_processes) if self._include_gpu else []
-        matched = list(dict.fromkeys([*self._pid_file_matches(), *self._pattern_matches(), *gpu_pids]))
-        host.emit(MATCHED, len(matched))
-        processes = {}
-        for pid in matched[: self._max]:
-            process = self._process(pid)
-            if process is None:
-                continue
-            processes[pid] = process
-            try:
-                with process.oneshot():
-                    cpu = process.cpu_times()
-                    rss = process.memory_info().rss
-                    threads = process.num_threads()
-            except psutil.Error:
-                continue
-            labels = (str(pid), process_name(pid))
-            host.emit(CPU_SECONDS, cpu.user, *labels, "user")
-            host.emit(CPU_SECONDS, cpu.system, *labels, "system")
-            host.emit(RESIDENT_MEMORY, rss, *labels)
-            host.emit(THREADS, threads, *labels)
-        self._processes = processes
-        host.serving_process_ids = list(processes)
+    @classmethod
+    def from_config(cls, config: ExporterConfig) -> ServingProcesses:
+        return cls(config.pid_files, config.name_pattern, config.gpu_processes, config.processes_max)
+
+    def select(self, host: HostContext) -> Selection:
+        """The serving processes of ``host``'s collection."""
+        if self._selected_for is not host:
+            gpu_pids = sorted(host.gpu_processes) if self._include_gpu else []
+            found = [*self._pid_file_matches(), *self._pattern_matches(host), *gpu_pids]
+            matched = list(dict.fromkeys(found))
+            kept = {pid: self._process(pid) for pid in matched[: self._max]}
+            processes = {pid: process for pid, process in kept.items() if process is not None}
+            self._selection, self._selected_for = Selection(len(matched), processes), host
+        return self._selection
 
     def _process(self, pid: int) -> psutil.Process | None:
         """A psutil handle for ``pid``, kept between polls unless the PID now belongs to another process."""
-        process = self._processes.get(pid)
+        process = self._selection.processes.get(pid)
         if process is not None and process.is_running():
             return process
         try:
@@ -106,13 +115,82 @@ class ProcessesCollector:
                 log.debug("PID file %s is missing or holds no PID", path)
         return pids
 
-    def _pattern_matches(self) -> list[int]:
+    def _pattern_matches(self, host: HostContext) -> list[int]:
         if self._name_pattern is None:
             return []
-        now = time.monotonic()
+        now = host.clock.monotonic()
         if now - self._scanned_at >= _RESCAN_SECONDS:
             self._scanned_at = now
             self._name_matches = [
                 pid for pid in psutil.pids() if self._name_pattern.search(process_name(pid))
             ]
         return self._name_matches
+
+
+class ProcessesCollector:
+    name = "processes"
+
+    def __init__(self, serving: ServingProcesses) -> None:
+        self._serving = serving
+
+    def collect(self, host: HostContext) -> None:
+        selection = self._serving.select(host)
+        host.emit(MATCHED, selection.matched)
+        for pid, process in selection.processes.items():
+            try:
+                with process.oneshot():
+                    cpu = process.cpu_times()
+                    rss = process.memory_info().rss
+                    threads = process.num_threads()
+            except psutil.Error:
+                continue
+            labels = (str(pid), process_name(pid))
+            host.emit(CPU_SECONDS, cpu.user, *labels, "user")
+            host.emit(CPU_SECONDS, cpu.system, *labels, "system")
+            host.emit(RESIDENT_MEMORY, rss, *labels)
+            host.emit(THREADS, threads, *labels)
+
+
+register(
+    Registration(
+        "processes",
+        "per-process GPU memory and serving-process CPU, memory and threads",
+        gpu=lambda config, shared: [GpuProcessesCollector(config.processes_max)],
+        host=lambda config, shared: [ProcessesCollector(shared.serving)] if shared.serving else [],
+        options=(
+            Option(
+                "--processes.max",
+                "processes_max",
+                parse_count,
+                "16",
+                "most processes with series: per GPU for GPU memory, in total for serving processes",
+                metavar="N",
+            ),
+            Option(
+                "--processes.pid-file",
+                "pid_files",
+                parse_path_list,
+                "",
+                "file holding a serving process's PID (repeatable; the variable takes commas)",
+                "append",
+                metavar="PATH",
+            ),
+            Option(
+                "--processes.name-pattern",
+                "name_pattern",
+                parse_pattern,
+                "",
+                "regular expression searched in process names (comm) to find serving processes",
+                metavar="REGEX",
+            ),
+            Option(
+                "--processes.gpu",
+                "gpu_processes",
+                parse_bool,
+                "true",
+                "count processes that NVML reports on the GPUs as serving processes",
+                "bool",
+            ),
+        ),
+    )
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..nvml import GpuContext
 from ..samples import gpu_gauge
+from .registry import Registration, register
 
 TEMPERATURE = gpu_gauge("gpu_temperature_celsius", "Temperature by sensor (gpu die, memory).", "sensor")
 TEMPERATURE_THRESHOLD = gpu_gauge(
@@ -35,3 +36,12 @@ class ThermalCollector:
             celsius = gpu.cached("nvmlDeviceGetTemperatureThreshold", threshold)
             if celsius is not None:
                 gpu.emit(TEMPERATURE_THRESHOLD, celsius, kind)
+
+
+register(
+    Registration(
+        "thermal",
+        "GPU and memory temperatures and their thresholds",
+        gpu=lambda config, shared: [ThermalCollector()],
+    )
+)

@@ -5,16 +5,19 @@ single ``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most expor
 the driver's last sample period, so a 1 s poll of a bursty decode loop sees a random phase of it.
 Averaging every sample newer than the last one seen gives the true mean since the previous reading. Each
 buffer costs milliseconds to read, so each is read on its own poll turn, every third poll (see
-``FIRMWARE_READINGS`` in ``nvml.py``): the mean then covers three poll intervals, none of them missed.
+``firmware.py``): the mean then covers three poll intervals, none of them missed.
 When a GPU keeps no samples (or none arrived since the last reading) the point reading is used instead.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 
+from ..firmware import firmware_reading
 from ..nvml import GpuContext, union_value
 from ..samples import MetricSpec, gpu_gauge
+from .registry import Registration, register
 
 GPU_UTILIZATION = gpu_gauge(
     "gpu_utilization_ratio",
@@ -40,12 +43,19 @@ _KINDS: tuple[tuple[MetricSpec, str, int, str], ...] = (
 )
 
 
+@dataclass
+class LastSamples:
+    """The timestamp (µs) of the newest sample already averaged, by sample type, on one GPU."""
+
+    seen_us: dict[int, int] = field(default_factory=dict)
+
+
 class UtilizationCollector:
     name = "utilization"
 
     def collect(self, gpu: GpuContext) -> None:
         for spec, reading, sample_type, attribute in _KINDS:
-            percent = gpu.firmware_reading(reading, functools.partial(_percent, gpu, sample_type, attribute))
+            percent = firmware_reading(gpu, reading, functools.partial(_percent, gpu, sample_type, attribute))
             if percent is not None:
                 gpu.emit(spec, percent / 100)
 
@@ -61,8 +71,8 @@ def _percent(gpu: GpuContext, sample_type: int, attribute: str) -> float | None:
 
 def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
     """Mean of the samples newer than those seen at the last reading, in percent; None if there are none."""
-    state_key = f"utilization.last_sample_us.{sample_type}"
-    last_seen = gpu.device.state.get(state_key, 0)
+    seen_us = gpu.device.state(LastSamples).seen_us
+    last_seen = seen_us.get(sample_type, 0)
     result = gpu.read_samples(sample_type, last_seen)
     if not result:
         return None
@@ -70,5 +80,14 @@ def _mean_of_new_samples(gpu: GpuContext, sample_type: int) -> float | None:
     fresh = [s for s in samples if s.timeStamp > last_seen]
     if not fresh:
         return None
-    gpu.device.state[state_key] = max(s.timeStamp for s in fresh)
+    seen_us[sample_type] = max(s.timeStamp for s in fresh)
     return sum(union_value(value_type, s.sampleValue) for s in fresh) / len(fresh)
+
+
+register(
+    Registration(
+        "utilization",
+        "GPU and memory-bandwidth utilization, the mean of NVML's samples",
+        gpu=lambda config, shared: [UtilizationCollector()],
+    )
+)

@@ -47,7 +47,7 @@ from tests.support import httpload as load  # noqa: E402
 from tests.support.httpload import Latencies, Target, exporter_listening  # noqa: E402
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate  # noqa: E402
 
-FAKE_NVML = "tests.unit.exporter.fake_nvml"
+FAKE_NVML = "tests.support.fake_nvml"
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 #: Seconds after an attack's connections are gone that its RSS is read: two of the exporter's heap trims.
 AFTER = 11.0

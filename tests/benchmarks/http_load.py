@@ -67,7 +67,7 @@ from tests.support.httpload import (  # noqa: E402
     wait_listening,
 )
 
-FAKE_NVML = "tests.unit.exporter.fake_nvml"
+FAKE_NVML = "tests.support.fake_nvml"
 GPUS = 8
 
 

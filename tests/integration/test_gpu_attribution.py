@@ -1,6 +1,6 @@
 """Which model, which pod, on which GPU: the join by GPU UUID, end to end on a CPU machine.
 
-A node with eight GPUs (the exporter over the NVML stand-in, tests/unit/exporter/fake_nvml.py) and two
+A node with eight GPUs (the exporter over the NVML stand-in, tests/support/fake_nvml.py) and two
 serving processes, each given one GPU as CUDA_VISIBLE_DEVICES or a device plugin gives it: both call it
 ``cuda:0``, and they hold GPUs 2 and 5 (served expositions stand in for GPU serving processes:
 tests/support/gpu_serving.py). The kubelet's PodResources API (a gRPC stand-in on a unix socket,
@@ -23,10 +23,10 @@ from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 
 from tests.support import REPO_ROOT
+from tests.support.fake_nvml import gpu_uuid
 from tests.support.gpu_serving import GpuServing, gpu_serving
 from tests.support.kubelet import PodResourcesServer, gpu_pod
 from tests.support.services import Prometheus, run_inferwatch, start_exporter, start_prometheus, wait_until
-from tests.unit.exporter.fake_nvml import gpu_uuid
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         for model, (namespace, name) in PODS.items()
     ]
     fake_nvml = {
-        "INFERWATCH_EXPORTER_NVML_MODULE": "tests.unit.exporter.fake_nvml",
+        "INFERWATCH_EXPORTER_NVML_MODULE": "tests.support.fake_nvml",
         "FAKE_NVML_SCENARIO": json.dumps({"gpus": 8, "hw_slowdown": [SLOWED_GPU]}),
         "PYTHONPATH": str(REPO_ROOT),
     }

@@ -10,7 +10,7 @@ a real inferwatch-exporter, and a real Alertmanager routing to a webhook this te
 * the configuration rendering refuses bad input.
 
 The machine has no GPU: the exporter runs over the fault-injecting NVML stand-in the exporter's own tests
-use (tests/unit/exporter/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
+use (tests/support/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
 series is real exporter output. The series docs/metrics.md marks *CUDA only* (torch's CUDA allocator)
 cannot exist on a CPU demo, nor the blocks of a paged KV cache (continuous batching) on a demo that serves
 through generate; expressions that read them are listed and must still parse. The GPU busy ratio, CUDA
@@ -104,7 +104,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     rules = workdir / "rules.yaml"
     rules.write_text(rules_yaml(merge_config({"alerts": {HOST_BOUND: HOST_BOUND_CONFIG}})))
     fake_nvml = {
-        "INFERWATCH_EXPORTER_NVML_MODULE": "tests.unit.exporter.fake_nvml",
+        "INFERWATCH_EXPORTER_NVML_MODULE": "tests.support.fake_nvml",
         "FAKE_NVML_SCENARIO": json.dumps({"gpus": 2, "processes": {"0": [[4242, 1 << 30]]}}),
         "FAKE_NVML_CONTROL": str(workdir / "nvml-control.jsonl"),
         "PYTHONPATH": str(REPO_ROOT),

@@ -37,7 +37,7 @@ from tests.support.services import (
 pytestmark = pytest.mark.integration
 
 FAKE_NVML_ENV = {
-    "INFERWATCH_EXPORTER_NVML_MODULE": "tests.unit.exporter.fake_nvml",
+    "INFERWATCH_EXPORTER_NVML_MODULE": "tests.support.fake_nvml",
     "FAKE_NVML_SCENARIO": json.dumps({"gpus": 3}),
     "PYTHONPATH": str(REPO_ROOT),
 }

@@ -23,7 +23,7 @@ from inferwatch.instrumentation.exposition import start_http_server
 from inferwatch.instrumentation.hardware import DeviceIdentity
 from prometheus_client import CollectorRegistry
 
-from tests.unit.exporter.fake_nvml import gpu_uuid
+from tests.support.fake_nvml import gpu_uuid
 
 #: Busy ratios the H200 measured (docs/benchmarks.md): eager batch-1 decode of a 1B model; a GPU-bound load.
 HOST_BOUND_BUSY = 0.11
@@ -58,7 +58,7 @@ class GpuServing:
 @contextmanager
 def gpu_serving(model: str, gpu: int = 0) -> Iterator[GpuServing]:
     """An endpoint on loopback serving ``model`` on its ``cuda:0``, host-bound, with one request running.
-    That device is the NVML stand-in's GPU ``gpu`` (tests/unit/exporter/fake_nvml.py), by its UUID: as a
+    That device is the NVML stand-in's GPU ``gpu`` (tests/support/fake_nvml.py), by its UUID: as a
     process given one GPU by CUDA_VISIBLE_DEVICES or a Kubernetes device plugin sees it."""
     registry = CollectorRegistry()
     metrics = cat.Metrics(registry, InstrumentConfig())

@@ -1,5 +1,5 @@
 """``inferwatch-exporter`` as a real process, scraped over HTTP: startup, bad configuration, NVML faults
-driven through the stand-in (``tests.unit.exporter.fake_nvml``), concurrency, TLS and basic auth, and the
+driven through the stand-in (``tests.support.fake_nvml``), concurrency, TLS and basic auth, and the
 pods of a stand-in kubelet (``tests.support.kubelet``)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 import requests
 from inferwatch.exporter.config import OPTIONS
 
-from tests.support import REPO_ROOT, free_port, http_get, parse_samples, sample_value
+from tests.support import REPO_ROOT, fake_nvml, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
 from tests.support.kubelet import PodResourcesServer, gpu_pod
 from tests.support.services import (
@@ -35,12 +35,11 @@ from tests.support.services import (
     start_prometheus,
     wait_until,
 )
-from tests.unit.exporter import fake_nvml
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.integration
 
-FAKE_NVML = "tests.unit.exporter.fake_nvml"
+FAKE_NVML = "tests.support.fake_nvml"
 # A short interval keeps the tests quick; the generous timeout keeps a busy CI machine, where one GPU's
 # poll can take a few hundred ms, from passing for a hung GPU.
 FAST = ["--collector.interval=200ms", "--collector.timeout=2s", "--nvml.retry-interval=200ms"]
@@ -165,7 +164,7 @@ def taken_port() -> Iterator[int]:
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_TIMEOUT": "1d"}, "INFERWATCH_EXPORTER_COLLECTOR_TIMEOUT: '1d'"),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_XID: 'maybe'"),
         (["--gpus=first"], {}, "--gpus"),
-        (["--collector.nvlink"], {}, "unrecognized arguments"),
+        (["--collector.nonesuch"], {}, "unrecognized arguments"),
         (["--web.config.file=/nonexistent/web.yml"], {}, "/nonexistent/web.yml"),
         (
             ["--web.listen-address=127.0.0.1:{taken}"],
@@ -280,7 +279,7 @@ def test_nvml_faults_leave_the_rest_served(tmp_path: Path) -> None:
         assert gpu_value(text, "gpu_xid_last_timestamp_seconds", 0, xid="79") > time.time() - 30
 
 
-# The stand-in's steady rates (tests.unit.exporter.fake_nvml): 350 W, and sw_power_cap held 10 % of the time.
+# The stand-in's steady rates (tests.support.fake_nvml): 350 W, and sw_power_cap held 10 % of the time.
 FAKE_WATTS, FAKE_THROTTLED = 350.0, 0.1
 COUNTED = {
     "gpu_energy_joules_total": FAKE_WATTS,

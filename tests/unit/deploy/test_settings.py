@@ -53,7 +53,7 @@ def test_the_compose_exporter_finds_the_demo_process(variant: str) -> None:
     # docker-compose prints `$$` (a literal `$`) escaped; the container gets one `$`.
     env = {key: value.replace("$$", "$") for key, value in env.items()}
     config = exporter_config(exporter.get("command", []), env)
-    assert config.processes and config.name_pattern is not None
+    assert config.enabled("processes") and config.name_pattern is not None
     assert config.name_pattern.search("inferwatch")  # the demo's process name (its console script)
     assert not config.name_pattern.search("inferwatch-expo")  # the exporter's own, cut to 15 characters
 
@@ -74,11 +74,13 @@ def test_every_kubernetes_build_configures_the_exporter(kustomize_builds: dict) 
         config = exporter_config(container.get("args", []), env)
         assert config.listen_port == container["ports"][0]["containerPort"], name
         pod = next(o for o in build if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
-        assert config.processes is bool(pod.get("hostPID")), f"{name}: per-process metrics need hostPID"
+        assert config.enabled("processes") is bool(pod.get("hostPID")), (
+            f"{name}: per-process metrics need hostPID"
+        )
         # Where the kubelet's socket directory is mounted, the exporter looks for the socket in it.
         mounted = {m["mountPath"] for m in container["volumeMounts"]}
         if "/var/lib/kubelet/pod-resources" in mounted:
-            assert config.kubernetes, name
+            assert config.enabled("kubernetes"), name
             assert os.path.dirname(config.kubernetes_socket) == "/var/lib/kubelet/pod-resources", name
 
 

@@ -1,67 +1,36 @@
-"""In-process fixtures: a poller over the NVML stand-in, and its exposition as text."""
+"""In-process fixtures: a poller over the NVML stand-in on a manual clock, and its exposition as text.
+
+Time moves only when a test advances ``clock``: the GPM window, firmware turns, the NVML retry interval
+and the stand-in's time-derived readings all follow it, so no unit test sleeps for them.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-from inferwatch.exporter.config import ExporterConfig
-from inferwatch.exporter.exposition import Exposition
-from inferwatch.exporter.poller import Poller
 
-from tests.support import parse_samples
-from tests.unit.exporter import fake_nvml
+from tests.support.fake_nvml import FakeNvml
+from tests.support.manual_clock import ManualClock
+from tests.support.pollers import MakePoller, Pollers, gpu_value, own_process, render
 
-MakePoller = Callable[..., Poller]
+__all__ = ["MakePoller", "gpu_value", "own_process", "render"]
 
 
 @pytest.fixture
-def fake() -> Iterator[Any]:
-    """The stand-in, reset to two plain GPUs; a test calls ``fake.reset(...)`` for another scenario."""
-    fake_nvml.reset()
-    yield fake_nvml
-    fake_nvml.reset()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def make_poller(fake: Any) -> Iterator[MakePoller]:
-    """Pollers over the stand-in (XID thread off unless asked for), stopped at the end of the test."""
-    pollers: list[Poller] = []
-
-    def make(**config: Any) -> Poller:
-        config.setdefault("xid", False)
-        poller = Poller(dataclasses.replace(ExporterConfig(), **config), fake, "test")
-        pollers.append(poller)
-        return poller
-
-    yield make
-    for poller in pollers:
-        poller.stop()
-    # A collection held up by a hung call finishes after its poller stopped, and would call the stand-in
-    # (counted in fake.calls) during the next test: let it end here.
-    deadline = time.monotonic() + 10
-    for thread in threading.enumerate():
-        if thread.name.startswith("gpu") and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
+def fake(clock: ManualClock) -> FakeNvml:
+    """The stand-in: two plain GPUs; a test calls ``fake.reset(...)`` for another scenario."""
+    return FakeNvml(clock=clock)
 
 
-def render(poller: Poller) -> str:
-    """The text a scrape of ``poller``'s exporter would return."""
-    return Exposition(poller).render(None)[0].decode()
-
-
-def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:
-    """Sum of the samples of ``metric`` for GPU ``gpu`` with ``labels`` (which may include ``name``)."""
-    wanted = {"gpu": str(gpu), **labels}.items()
-    found = [s.value for s in parse_samples(text) if s.name == metric and wanted <= s.labels.items()]
-    return sum(found) if found else None
-
-
-def own_process() -> list[list[int]]:
-    """A GPU process entry for the stand-in that names a process which exists: this one."""
-    return [[os.getpid(), 3 << 30]]
+@pytest.fixture
+def make_poller(fake: FakeNvml, clock: ManualClock) -> Iterator[MakePoller]:
+    """Pollers over the stand-in and the test's clock, stopped at the end of the test."""
+    pollers = Pollers(fake, clock)
+    yield pollers
+    pollers.stop()

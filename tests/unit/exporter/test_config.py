@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import OPTIONS, build_parser, parse_config, parse_duration
 from inferwatch.exporter.errors import ConfigError
 
@@ -11,10 +12,18 @@ def test_defaults() -> None:
     config = parse_config([], {})
     assert (config.listen_host, config.listen_port, config.telemetry_path) == ("", 8798, "/metrics")
     assert config.interval == config.timeout == 1.0
-    assert (config.pcie_throughput, config.processes, config.xid, config.host) == (False, True, True, True)
+    assert [config.enabled(c) for c in ("pcie_throughput", "processes", "xid", "host")] == [
+        False,
+        True,
+        True,
+        True,
+    ]
     assert config.gpus == () and config.processes_max == 16
-    assert (config.gpm, config.gpm_window) == (True, 1.0)
-    assert config.kubernetes and config.kubernetes_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert (config.enabled("gpm"), config.gpm_window) == (True, 1.0)
+    assert (
+        config.enabled("kubernetes")
+        and config.kubernetes_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
     assert config.kubernetes_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
     assert (config.kubernetes_timeout, config.kubernetes_interval) == (2.0, 10.0)
 
@@ -33,18 +42,13 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
     [
         (["--web.listen-address", "[::1]:9000"], {}, "listen_host", "::1"),
         (["--web.listen-address", ":9000"], {}, "listen_port", 9000),
-        (["--no-collector.host"], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "true"}, "host", False),
-        ([], {"INFERWATCH_EXPORTER_COLLECTOR_PCIE_THROUGHPUT": "yes"}, "pcie_throughput", True),
-        ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "0"}, "xid", False),
         (["--processes.pid-file", "a", "--processes.pid-file", "b"], {}, "pid_files", ("a", "b")),
         ([], {"INFERWATCH_EXPORTER_PROCESSES_PID_FILE": "a,b"}, "pid_files", ("a", "b")),
         (["--collector.timeout", "300ms"], {}, "timeout", 0.3),
         (["--log.level", "warn"], {}, "log_level", "warning"),
         (["--gpus", "all"], {}, "gpus", ()),
-        (["--no-collector.gpm"], {}, "gpm", False),
         (["--collector.gpm.window", "250ms"], {}, "gpm_window", 0.25),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_GPM_WINDOW": "100ms"}, "gpm_window", 0.1),
-        (["--no-collector.kubernetes"], {}, "kubernetes", False),
         (
             [],
             {"INFERWATCH_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET": "/k.sock"},
@@ -63,6 +67,33 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
 )
 def test_values(argv: list[str], env: dict[str, str], field: str, expected: object) -> None:
     assert getattr(parse_config(argv, env), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "collector", "expected"),
+    [
+        (["--no-collector.host"], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "true"}, "host", False),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_PCIE_THROUGHPUT": "yes"}, "pcie_throughput", True),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_XID": "0"}, "xid", False),
+        (["--no-collector.gpm"], {}, "gpm", False),
+        (["--no-collector.kubernetes"], {}, "kubernetes", False),
+        # node_exporter's spelling, and the older one with a dash, of the same switch.
+        (["--collector.pcie_throughput"], {}, "pcie_throughput", True),
+        (["--collector.pcie-throughput"], {}, "pcie_throughput", True),
+        (["--no-collector.nvlink"], {}, "nvlink", False),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_CLOCKS_EVENTS": "off"}, "clocks_events", False),
+    ],
+)
+def test_collector_switches(argv: list[str], env: dict[str, str], collector: str, expected: bool) -> None:
+    assert parse_config(argv, env).enabled(collector) is expected
+
+
+def test_every_registered_collector_has_its_switch_and_its_default() -> None:
+    config = parse_config([], {})
+    for name, registration in REGISTRY.items():
+        assert config.enabled(name) is registration.default
+        assert parse_config([f"--no-collector.{name}"], {}).enabled(name) is False
+        assert parse_config([f"--collector.{name}"], {}).enabled(name) is True
 
 
 @pytest.mark.parametrize(
@@ -89,7 +120,7 @@ def test_values(argv: list[str], env: dict[str, str], field: str, expected: obje
         (["--processes.name-pattern", "("], {}, "is not a regular expression"),
         (["--log.level", "loud"], {}, "--log.level"),
         ([], {"INFERWATCH_EXPORTER_COLLECTOR_HOST": "maybe"}, "INFERWATCH_EXPORTER_COLLECTOR_HOST: 'maybe'"),
-        (["--collector.nvlink"], {}, "unrecognized arguments: --collector.nvlink"),
+        (["--collector.nonesuch"], {}, "unrecognized arguments: --collector.nonesuch"),
         # Sane limits: 1 ms polls burn a core, 99999999999h overflows the waits it becomes.
         (["--collector.interval=1ms"], {}, "--collector.interval: '1ms' is outside 100ms to 1h"),
         (["--collector.interval=99999999999h"], {}, "'99999999999h' is outside 100ms to 1h"),

@@ -6,23 +6,24 @@ tests/benchmarks/gpu_gpm.py): the stand-in's values are constants."""
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from inferwatch.exporter.poller import Poller
 
 from tests.support import parse_samples, sample_value
+from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, gpu_value, render
 
-WINDOW = 0.15  # seconds: above NVML's 100 ms minimum, short enough for a quick test
+WINDOW = 0.15  # seconds: above NVML's 100 ms minimum
+PAST_WINDOW = WINDOW + 0.05  # how far the clock moves to close a window
 
 
-def collect_over_windows(poller: Poller, windows: int = 1) -> None:
+def collect_over_windows(poller: Poller, clock: ManualClock, windows: int = 1) -> None:
     """Collect, then again each time a window has passed: the first collection opens a GPM window, each
     later one closes one."""
     poller.collect()
     for _ in range(windows):
-        time.sleep(WINDOW + 0.05)
+        clock.advance(PAST_WINDOW)
         poller.collect()
 
 
@@ -31,18 +32,16 @@ def gpm_errors(text: str, call: str, error: str) -> float | None:
 
 
 def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     poller = make_poller(gpm_window=WINDOW)
     poller.collect()  # opens the window: no reading yet
     assert gpu_value(render(poller), "gpu_sm_active_ratio", 0) is None
 
-    time.sleep(WINDOW + 0.05)
+    clock.advance(PAST_WINDOW)
     poller.collect()  # closes it
     text, closing_samples = render(poller), fake.calls[(0, "nvmlGpmSampleGet")]
-    # Within the next window, at once: checking the text below parses it 20 times, which on a loaded
-    # 2-core machine took longer than the 100 ms after which the next window may close.
-    poller.collect()  # within the next window: the last window's values, no new sample
+    poller.collect()  # within the next window (the clock has not moved): the last window's values
     within = render(poller)
     for gpu in (0, 1):
         assert gpu_value(text, "gpu_sm_active_ratio", gpu, gpu_instance="") == 0.60
@@ -61,13 +60,15 @@ def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
     assert fake.calls[(0, "nvmlGpmMetricsGet")] == 1
 
 
-def test_the_window_is_independent_of_the_poll_interval(make_poller: MakePoller, fake: Any) -> None:
-    # Polls every 40 ms, far under NVML's 100 ms minimum: the samples stay a window apart, none is NaN.
+def test_the_window_is_independent_of_the_poll_interval(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
+    # Polls every 40 ms for 1 s, far under NVML's 100 ms minimum: the samples stay a window apart, none
+    # is NaN.
     poller = make_poller(interval=0.04, gpm_window=0.3)
-    started = time.monotonic()
-    while time.monotonic() - started < 1.0:
+    for _ in range(25):
         poller.collect()
-        time.sleep(0.04)
+        clock.advance(0.04)
     text = render(poller)
     samples = fake.calls[(0, "nvmlGpmSampleGet")]
     assert 3 <= samples <= 5, samples  # one opening sample and one per ~0.3 s, not one per poll
@@ -76,11 +77,11 @@ def test_the_window_is_independent_of_the_poll_interval(make_poller: MakePoller,
 
 
 def test_a_gpu_without_gpm_reports_not_supported_once_and_has_no_series(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, no_gpm=[1])
     poller = make_poller(gpm_window=WINDOW, pcie_throughput=True)
-    collect_over_windows(poller, 2)
+    collect_over_windows(poller, clock, 2)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 1) is None
@@ -92,13 +93,16 @@ def test_a_gpu_without_gpm_reports_not_supported_once_and_has_no_series(
     # Its PCIe throughput comes from the blocking reading, which GPM spares the other GPU.
     assert gpu_value(text, "gpu_pcie_tx_bytes_per_second", 1) == 2048 * 1024
     assert fake.calls[(1, "nvmlDeviceGetPcieThroughput")] == 6
-    assert fake.calls[(0, "nvmlDeviceGetPcieThroughput")] == 2  # the first poll's, before a window closed
+    # A GPU with GPM is never read the blocking way: that is decided once per GPU, not from GPM's series.
+    assert fake.calls[(0, "nvmlDeviceGetPcieThroughput")] == 0
 
 
-def test_nan_readings_are_left_out_and_counted(make_poller: MakePoller, fake: Any) -> None:
+def test_nan_readings_are_left_out_and_counted(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
     fake.reset(gpus=2, gpm_nan=[0])
     poller = make_poller(gpm_window=WINDOW)
-    collect_over_windows(poller)
+    collect_over_windows(poller, clock)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 0) is None
@@ -108,10 +112,12 @@ def test_nan_readings_are_left_out_and_counted(make_poller: MakePoller, fake: An
     assert "NaN" not in text
 
 
-def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(make_poller: MakePoller, fake: Any) -> None:
+def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
     fake.reset(gpus=2, failing={"nvmlGpmSampleGet": [0]})
     poller = make_poller(gpm_window=WINDOW)
-    collect_over_windows(poller, 2)
+    collect_over_windows(poller, clock, 2)
     text = render(poller)
 
     assert gpu_value(text, "gpu_sm_active_ratio", 0) is None
@@ -122,21 +128,23 @@ def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(make_poller: MakePo
     assert sample_value(text, "inferwatch_exporter_collector_errors_total", collector="gpm") == 0
 
 
-def test_a_lost_gpu_opens_a_new_window_and_keeps_its_buffers(make_poller: MakePoller, fake: Any) -> None:
+def test_a_lost_gpu_opens_a_new_window_and_keeps_its_buffers(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
+) -> None:
     poller = make_poller(gpm_window=WINDOW)
-    collect_over_windows(poller)
+    collect_over_windows(poller, clock)
     assert fake.gpm_buffers_live() == 4  # two per GPU, for as long as the session lasts
 
     fake.command("lose", gpu=1)
     poller.collect()
     fake.command("recover", gpu=1)
-    time.sleep(WINDOW + 0.05)
+    clock.advance(PAST_WINDOW)
     poller.collect()  # a window across the loss would mix counters from before a reset: a new one opens
     text = render(poller)
     assert gpu_value(text, "gpu_up", 1) == 1
     assert gpu_value(text, "gpu_sm_active_ratio", 1) is None
     assert gpu_value(text, "gpu_sm_active_ratio", 0) == 0.60
-    time.sleep(WINDOW + 0.05)
+    clock.advance(PAST_WINDOW)
     poller.collect()
     assert gpu_value(render(poller), "gpu_sm_active_ratio", 1) == 0.60
     assert fake.gpm_buffers_live() == 4
@@ -161,11 +169,11 @@ def test_buffers_are_given_back_when_nvml_goes_and_when_the_exporter_stops(
 
 
 def test_mig_instances_have_their_own_series_and_a_removed_one_its_buffers_freed(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, mig=[1])
     poller = make_poller(gpm_window=WINDOW)
-    collect_over_windows(poller)
+    collect_over_windows(poller, clock)
     text = render(poller)
     assert gpu_value(text, "gpu_sm_active_ratio", 1, gpu_instance="1") == 0.30
     assert gpu_value(text, "gpu_sm_active_ratio", 1, gpu_instance="2") == 0.30
@@ -193,7 +201,7 @@ def test_gpm_off_makes_no_gpm_call(make_poller: MakePoller, fake: Any) -> None:
 
 
 def test_process_utilization_tells_a_busy_process_from_an_idle_one(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     busy, idle = os.getpid(), os.getppid()
     fake.reset(gpus=1, processes={0: [[busy, 2 << 30, 80, 30], [idle, 1 << 30]]})
@@ -204,7 +212,7 @@ def test_process_utilization_tells_a_busy_process_from_an_idle_one(
     assert gpu_value(text, "gpu_process_memory_bandwidth_utilization_ratio", 0, pid=str(busy)) == 0.3
     assert gpu_value(text, "gpu_process_sm_utilization_ratio", 0, pid=str(idle)) == 0.0
 
-    time.sleep(0.2)  # the stand-in's next sample period
+    clock.advance(0.2)  # the stand-in's next sample period
     poller.collect()  # only the samples newer than the last poll's count
     assert gpu_value(render(poller), "gpu_process_sm_utilization_ratio", 0, pid=str(busy)) == 0.8
 
@@ -223,15 +231,13 @@ def test_process_utilization_tells_a_busy_process_from_an_idle_one(
     assert gpu_value(text, "gpu_process_memory_bytes", 0, pid=str(busy)) == 2 << 30
 
 
-def test_the_buffers_of_a_gpu_stuck_in_nvml_are_left_alone_at_stop(
-    make_poller: MakePoller, fake: Any
+def test_without_the_gpm_collector_every_gpu_gets_the_blocking_pcie_reading(
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
-    poller = make_poller(interval=0.3, timeout=0.3, gpm_window=WINDOW)
-    poller.collect()
-    time.sleep(WINDOW + 0.05)
-    fake.command("hang", gpu=1, call="nvmlGpmSampleGet", seconds=1.5)
-    poller.collect()  # GPU 1's thread is inside nvmlGpmSampleGet, with a buffer of its own
-    poller.stop()
-    # GPU 0's buffers are back; GPU 1's are still in use, and NVML stays initialised under its thread.
-    assert fake.gpm_buffers_live() == 2
-    assert fake._state.initialized
+    poller = make_poller(gpm=False, pcie_throughput=True)
+    collect_over_windows(poller, clock)
+    text = render(poller)
+    for gpu in (0, 1):
+        assert gpu_value(text, "gpu_pcie_tx_bytes_per_second", gpu) == 2048 * 1024
+        assert fake.calls[(gpu, "nvmlDeviceGetPcieThroughput")] == 4  # two directions, two polls
+    assert not [call for (_, call) in fake.calls if call.startswith("nvmlGpm")]

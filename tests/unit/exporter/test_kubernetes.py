@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,8 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.exporter.kubernetes import cgroup, podresources
 from inferwatch.exporter.kubernetes.podresources import LIST_METHOD, SERVICE
 
-from tests.support import REPO_ROOT, parse_samples, sample_value
+from tests.support import REPO_ROOT, fake_nvml, parse_samples, sample_value
 from tests.support.kubelet import Pod, PodResourcesServer, gpu_pod
-from tests.unit.exporter import fake_nvml
 from tests.unit.exporter.conftest import MakePoller, own_process, render
 
 POD_INFO = "gpu_kubernetes_pod_info"
@@ -160,9 +157,9 @@ import json, sys
 from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
-from tests.unit.exporter import fake_nvml
+from tests.support import fake_nvml
 
-poller = Poller(ExporterConfig(xid=False, kubernetes_socket=sys.argv[1]), fake_nvml, "test")
+poller = Poller(ExporterConfig(kubernetes_socket=sys.argv[1]).switched(xid=False), fake_nvml, "test")
 poller.pods.watcher.refresh()
 poller.collect()
 text = Exposition(poller).render(None)[0].decode()
@@ -186,50 +183,6 @@ print(json.dumps({"text": text, "loaded": loaded}))
     assert sample_value(text, ERRORS, error="socket_absent") == 1
     assert sample_value(text, ERRORS, error="timeout") == 0
     assert sample_value(text, "gpu_up", gpu="1") == 1
-
-
-def test_a_kubelet_that_never_answers_delays_neither_scrapes_nor_collections(
-    k8s_poller: MakePoller, fake: Any, kubelet: PodResourcesServer
-) -> None:
-    fake.reset(gpus=2)
-    kubelet.pods = [gpu_pod("ns", "a", "0")]
-    poller = k8s_poller(interval=0.2, kubernetes_timeout=2.0, kubernetes_interval=1.0)
-    assert pod_series(listed(poller)) != set()
-    kubelet.mode = "hang"
-    poller.start()
-    deadline = time.monotonic() + 10
-    while kubelet.lists < 2 and time.monotonic() < deadline:  # the watcher's first List is now stuck
-        time.sleep(0.02)
-    assert kubelet.lists >= 2
-
-    # While that List waits for its 2 s deadline: scrapes answer from memory, collections go on.
-    collected = sample_value(render(poller), "inferwatch_exporter_last_collect_timestamp_seconds")
-    latencies = []
-    for _ in range(10):
-        started = time.perf_counter()
-        text = render(poller)
-        latencies.append(time.perf_counter() - started)
-        time.sleep(0.05)
-    assert sorted(latencies)[-2] < 0.1, latencies
-    assert sample_value(text, "inferwatch_exporter_last_collect_timestamp_seconds") > collected
-    assert sample_value(text, "inferwatch_exporter_collect_duration_seconds") < 0.5
-    assert sample_value(text, "gpu_up", gpu="1") == 1
-
-    # Then the deadline passes: the failure shows, and the pods' series go.
-    text = wait_for(poller, lambda t: sample_value(t, ERRORS, error="timeout") >= 1)
-    assert sample_value(text, UP) == 0
-    text = wait_for(poller, lambda t: POD_INFO not in t)
-    assert 1.9 < sample_value(text, "inferwatch_exporter_kubernetes_list_duration_seconds") < 3
-
-
-def wait_for(poller: Any, predicate: Any, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = render(poller)
-        if predicate(text):
-            return text
-        assert time.monotonic() < deadline, text
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -277,26 +230,6 @@ def test_garbage_is_malformed_and_a_good_answer_afterwards_brings_the_series_bac
     text = listed(poller)
     assert pod_series(text) == {("0", "", "nvidia.com/gpu", "ns", "a", "main")}
     assert sample_value(text, UP) == 1
-
-
-def test_a_socket_nobody_serves_is_unavailable_and_one_that_never_speaks_times_out(
-    k8s_poller: MakePoller, socket_path: str
-) -> None:
-    poller = k8s_poller(kubernetes_timeout=0.3)
-    with socket.socket(socket.AF_UNIX) as dead:
-        dead.bind(socket_path)  # the file exists; nothing listens on it
-        text = listed(poller)
-    assert sample_value(text, ERRORS, error="unavailable") == 1
-    os.unlink(socket_path)
-
-    with socket.socket(socket.AF_UNIX) as silent:
-        silent.bind(socket_path)
-        silent.listen()  # connections are accepted by the kernel and never answered
-        started = time.monotonic()
-        text = listed(poller)
-        assert time.monotonic() - started < 2
-    assert sample_value(text, ERRORS, error="timeout") == 1
-    assert POD_INFO not in text
 
 
 def test_the_pods_collector_fails_alone(

@@ -9,15 +9,14 @@ stand-in kubelet listing a pod on a GPU.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import pytest
 from inferwatch.exporter.kubernetes import cgroup
 
-from tests.support import documented_metrics, exposed_metrics
+from tests.support import documented_metrics, exposed_metrics, fake_nvml
 from tests.support.kubelet import PodResourcesServer, gpu_pod
-from tests.unit.exporter import fake_nvml
+from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, own_process, render
 
 CONTAINER_CGROUP = (
@@ -27,7 +26,7 @@ CONTAINER_CGROUP = (
 
 
 def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
-    make_poller: MakePoller, fake: Any, tmp_path, monkeypatch: pytest.MonkeyPatch
+    make_poller: MakePoller, fake: Any, clock: ManualClock, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.reset(gpus=3, nvlink=[0], mig=[1], processes={0: own_process()})
     pid_file = tmp_path / "server.pid"
@@ -46,14 +45,11 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     with kubelet:
         poller.pods.watcher.refresh()
     poller.collect()  # opens the GPM window ...
-    time.sleep(0.2)
+    clock.advance(0.2)
     poller.collect()  # ... and closes it
-    deadline = time.monotonic() + 5
-    while poller.xid_events.watched < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    fake.command("xid", gpu=2, xid=48)
-    while "gpu_xid_errors_total" not in exposed_metrics(render(poller)) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # An XID event as the XID thread records it (the thread itself is tested in
+    # tests/integration/exporter/test_poller_timing.py).
+    poller.xid_events.record(("2", fake_nvml.gpu_uuid(2)), 48, clock.time())
 
     exposed = exposed_metrics(render(poller))
     documented = documented_metrics("Exporter")

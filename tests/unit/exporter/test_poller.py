@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import threading
-import time
 from typing import Any
 
 import pytest
-from inferwatch.exporter.nvml import GpuContext, NvmlSession
-from inferwatch.exporter.poller import GpuJob
-from inferwatch.exporter.selfmetrics import GPU_UP, NVML_ERRORS, Tally
 
 from tests.support import parse_samples, sample_value
+from tests.support.fake_nvml_types import NVML_ERROR_NOT_SUPPORTED
+from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, gpu_value, own_process, render
 
 GIB = 1 << 30
@@ -117,7 +113,7 @@ def test_a_lost_gpu_is_served_as_down_and_the_others_as_usual(make_poller: MakeP
 
 
 def test_counters_are_nvmls_since_driver_load_so_a_reset_is_a_reset_and_a_restart_nothing(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     counters = (
         ("gpu_energy_joules_total", {}),
@@ -125,7 +121,7 @@ def test_counters_are_nvmls_since_driver_load_so_a_reset_is_a_reset_and_a_restar
         ("gpu_ecc_errors_total", {"type": "corrected", "scope": "volatile"}),
     )
     poller = make_poller()
-    time.sleep(0.3)  # let the stand-in's energy and throttle counters grow
+    clock.advance(0.3)  # let the stand-in's energy and throttle counters grow
     poller.collect()
     before = {name: gpu_value(render(poller), name, 0, **labels) for name, labels in counters}
     assert all(value > 0 for value in before.values())
@@ -145,50 +141,8 @@ def test_counters_are_nvmls_since_driver_load_so_a_reset_is_a_reset_and_a_restar
         assert gpu_value(text, name, 0, **labels) < before[name], name
 
 
-def test_a_hung_call_marks_only_its_gpu_stale_and_is_reported_once(
-    make_poller: MakePoller, fake: Any
-) -> None:
-    poller = make_poller(interval=0.5, timeout=0.5)
-    poller.collect()
-    first_read = gpu_value(render(poller), "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 1)
-    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=2.5)
-
-    started = time.monotonic()
-    poller.collect()
-    assert time.monotonic() - started < 1.5  # the deadline, not the hang, bounds the collection
-    poller.collect()  # the GPU's thread is still stuck: no second thread, no second report
-    text = render(poller)
-    assert gpu_value(text, "gpu_up", 1) == 0
-    assert gpu_value(text, "gpu_up", 0) == 1
-    assert gpu_value(text, "gpu_power_watts", 1) is None
-    assert gpu_value(text, "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 1) == first_read
-    assert gpu_value(text, "inferwatch_exporter_gpu_last_collect_timestamp_seconds", 0) > first_read
-    hung = sample_value(
-        text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetTemperature", error="hung"
-    )
-    assert hung == 1
-    assert fake.calls[(1, "nvmlDeviceGetTemperature")] == 2  # the first poll's, and the one that hangs
-
-    time.sleep(2.5)
-    poller.collect()
-    assert gpu_value(render(poller), "gpu_up", 1) == 1
-
-
-def test_the_watchdog_reports_an_overrun_while_the_collection_still_runs(
-    make_poller: MakePoller, fake: Any
-) -> None:
-    poller = make_poller(interval=0.2, timeout=2.0)
-    fake.command("hang", gpu=0, call="nvmlDeviceGetPowerUsage", seconds=3)
-    poller.start()
-    deadline = time.monotonic() + 1.5
-    while poller.overruns.get() == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert poller.overruns.get() == 1
-    assert not poller.ready.is_set()  # the first collection has not finished: the watchdog saw it run over
-
-
 def test_without_nvml_host_metrics_are_served_and_init_is_retried_slowly(
-    make_poller: MakePoller, fake: Any
+    make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(init_failures=2)
     poller = make_poller(nvml_retry_interval=0.3)
@@ -201,27 +155,10 @@ def test_without_nvml_host_metrics_are_served_and_init_is_retried_slowly(
     assert fake.calls[(-1, "nvmlInit")] == 1
 
     for attempts in (2, 3):
-        time.sleep(0.35)
+        clock.advance(0.35)
         poller.collect()
         assert fake.calls[(-1, "nvmlInit")] == attempts
     assert sample_value(render(poller), "inferwatch_nvml_up") == 1
-
-
-def test_an_xid_event_is_counted_with_its_time(make_poller: MakePoller, fake: Any) -> None:
-    poller = make_poller(xid=True)
-    poller.collect()
-    deadline = time.monotonic() + 5
-    while poller.xid_events.watched < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    fake.command("xid", gpu=1, xid=79)
-    fake.command("xid", gpu=1, xid=79)
-    while gpu_value(render(poller), "gpu_xid_errors_total", 1, xid="79") != 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    text = render(poller)
-    assert gpu_value(text, "gpu_xid_errors_total", 1, xid="79") == 2
-    assert abs(gpu_value(text, "gpu_xid_last_timestamp_seconds", 1, xid="79") - time.time()) < 5
-    assert gpu_value(text, "gpu_xid_errors_total", 0) is None
-    assert sample_value(text, "inferwatch_exporter_xid_watched_gpus") == 2
 
 
 def test_a_failing_collector_loses_only_its_own_series(
@@ -316,7 +253,7 @@ def test_calls_older_drivers_lack_fall_back_to_their_predecessors(
 
     def v1_memory(handle: Any, version: int | None = None) -> Any:
         if version is not None:
-            raise fake.NVMLError(fake.NVML_ERROR_NOT_SUPPORTED)
+            raise fake.NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return v2_memory(handle)
 
     monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", v1_memory)
@@ -353,60 +290,6 @@ def test_firmware_readings_take_turns_and_their_last_values_are_served_between(
     assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1 + 2
 
 
-class _SlowBetweenCalls:
-    """A collector whose thread is held up outside NVML (as by a busy CPU) longer than the call timeout."""
-
-    name = "slow"
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def collect(self, context: GpuContext) -> None:
-        time.sleep(self.seconds)
-        context.emit(GPU_UP, context.read("nvmlDeviceGetPowerUsage") or 0)
-
-
-def test_hung_means_a_call_that_did_not_return_not_a_thread_that_waited_for_the_cpu(fake: Any) -> None:
-    session = NvmlSession.open(fake)
-    errors = Tally(NVML_ERRORS)
-    late = GpuJob(GpuContext(fake, session.devices[0], errors), [_SlowBetweenCalls(0.6)])
-    late.start()
-    started = time.monotonic()
-    assert late.wait(0.2)  # three times the timeout, but never inside one call for that long
-    assert time.monotonic() - started >= 0.55
-
-    fake.command("hang", gpu=1, call="nvmlDeviceGetPowerUsage", seconds=1)
-    stuck = GpuJob(GpuContext(fake, session.devices[1], errors), [_SlowBetweenCalls(0.0)])
-    stuck.start()
-    started = time.monotonic()
-    assert not stuck.wait(0.2)
-    assert 0.15 < time.monotonic() - started < 0.9
-    assert stuck.context.current is not None and stuck.context.current[0] == "nvmlDeviceGetPowerUsage"
-    assert stuck.wait(5)  # the call returns when the hang ends
-
-
-def test_a_driver_reset_during_a_hung_call_starts_no_second_thread_for_the_gpu(
-    make_poller: MakePoller, fake: Any
-) -> None:
-    poller = make_poller(interval=0.3, timeout=0.3)
-    poller.collect()
-    fake.command("hang", gpu=1, call="nvmlDeviceGetTemperature", seconds=3)
-    poller.collect()  # GPU 1 hung
-    fake.command("driver_reset")
-    for _ in range(4):  # NVML gone, reopened, and collected again, while GPU 1's thread is still stuck
-        poller.collect()
-    text = render(poller)
-    assert gpu_value(text, "gpu_up", 0) == 1 and gpu_value(text, "gpu_up", 1) == 0
-    assert [t.name for t in threading.enumerate()].count("gpu1") == 1
-    hung = sample_value(
-        text, "inferwatch_exporter_nvml_errors_total", call="nvmlDeviceGetTemperature", error="hung"
-    )
-    assert hung == 1
-    time.sleep(3)
-    poller.collect()  # the stuck call returned: GPU 1 is read again, in the new session
-    assert gpu_value(render(poller), "gpu_up", 1) == 1
-
-
 def test_a_collection_that_fails_as_a_whole_is_counted_and_the_next_one_runs(
     make_poller: MakePoller, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -424,21 +307,3 @@ def test_a_collection_that_fails_as_a_whole_is_counted_and_the_next_one_runs(
     assert poller.ready.wait(5)
     assert poller.collector_errors.get("poller") == 1
     assert "collection failed" in caplog.text
-
-
-def test_xid_floods_are_counted_in_full_and_logged_a_few_times(
-    make_poller: MakePoller, fake: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    poller = make_poller(xid=True)
-    poller.collect()
-    deadline = time.monotonic() + 5
-    while poller.xid_events.watched < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    with caplog.at_level(logging.WARNING, logger="inferwatch.exporter.xid"):
-        for _ in range(3200):
-            fake.command("xid", gpu=0, xid=79)
-        while gpu_value(render(poller), "gpu_xid_errors_total", 0, xid="79") != 3200:
-            assert time.monotonic() < deadline + 30
-            time.sleep(0.05)
-    lines = [r for r in caplog.records if "XID" in r.getMessage()]
-    assert 1 <= len(lines) <= 5, [r.getMessage() for r in lines]
