@@ -74,7 +74,7 @@ def pcie_traffic() -> PanelSpec:
     return PanelSpec(
         "PCIe throughput and replays",
         "Transmit and receive throughput (from GPM where the GPU has it, else only with "
-        "--collector.pcie-throughput) and link-level replays per second (a rising rate means a bad link "
+        "--collector.pcie_throughput) and link-level replays per second (a rising rate means a bad link "
         "or riser).",
         "Bps",
         normal(),

@@ -57,7 +57,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
         "inferwatch.exporter",
         f"--web.listen-address={address}",
         "--collector.interval=500ms",
-        "--collector.pcie-throughput",
+        "--collector.pcie_throughput",
     ]
     log_path = tmp_path_factory.mktemp("exporter") / "exporter.log"
     with start_process(cmd, f"http://{address}/-/ready", 60, log_path=log_path) as proc:

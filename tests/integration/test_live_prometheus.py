@@ -122,7 +122,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             start_exporter(
                 extra_args=[
                     "--collector.interval=500ms",
-                    "--collector.pcie-throughput",
+                    "--collector.pcie_throughput",
                     f"--processes.pid-file={pid_file}",
                 ],
                 env=fake_nvml,
