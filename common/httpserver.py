@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import uvicorn
+from inferwatch.common.clock import SYSTEM_CLOCK, LoopClock
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -638,20 +639,28 @@ class CpuBudget:
     The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every look drains it by the
     CPU time ``clock`` counted since the previous look. By default ``clock`` is ``time.thread_time``: the
     CPU of the thread that uses the budget (request parsing, rendering, everything its loop did); a
-    caller may count something narrower instead, such as the CPU its answers or renderings took.
+    caller may count something narrower instead, such as the CPU its answers or renderings took. The
+    seconds it fills by, and waits for, are ``wall``'s (a clock a test moves, instead of waiting).
     :meth:`acquire` waits while the bucket is empty, one waiter at a time, so a client scraping in a loop
     is slowed down instead of taking a core from the serving process; an ``urgent`` caller (a client that
     has been quiet) does not queue behind those, and may take the bucket into debt down to ``-burst``.
     """
 
-    def __init__(self, share: float, burst: float, clock: Callable[[], float] = time.thread_time) -> None:
+    def __init__(
+        self,
+        share: float,
+        burst: float,
+        clock: Callable[[], float] = time.thread_time,
+        wall: LoopClock = SYSTEM_CLOCK,
+    ) -> None:
         if not 0 < share <= 1 or burst <= 0:
             raise ValueError(f"a CPU budget needs 0 < share <= 1 and burst > 0, got {share} and {burst}")
         self.share = share
         self.burst = burst
         self._clock = clock
+        self._wall = wall
         self._tokens = burst
-        self._wall = 0.0
+        self._looked = 0.0  # wall time of the previous look
         self._used: float | None = None  # read first in the thread that uses the budget
         self._lock: asyncio.Lock | None = None
 
@@ -668,7 +677,7 @@ class CpuBudget:
         while the bucket is above ``-burst``, whoever waits."""
         if urgent:
             while self._refilled() <= -self.burst:
-                await asyncio.sleep(self.burst / 10 / self.share)
+                await self._wall.sleep(self.burst / 10 / self.share)
             return
         if self.available() and (self._lock is None or not self._lock.locked()):
             return
@@ -678,11 +687,13 @@ class CpuBudget:
             while not self.available():
                 # Wake when a tenth of the burst has come back, not as soon as the bucket is above zero:
                 # every wake-up costs CPU too, and tiny sleeps would spend the whole share on waking.
-                await asyncio.sleep((self.burst / 10 - self._tokens) / self.share)
+                await self._wall.sleep((self.burst / 10 - self._tokens) / self.share)
 
     def _refill(self) -> None:
-        wall, used = time.monotonic(), self._clock()
+        wall, used = self._wall.monotonic(), self._clock()
         if self._used is None:
-            self._wall, self._used = wall, used
-        self._tokens = min(self.burst, self._tokens + (wall - self._wall) * self.share) - (used - self._used)
-        self._wall, self._used = wall, used
+            self._looked, self._used = wall, used
+        self._tokens = min(self.burst, self._tokens + (wall - self._looked) * self.share) - (
+            used - self._used
+        )
+        self._looked, self._used = wall, used

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from inferwatch.common.authgate import guarded
+from inferwatch.common.clock import SYSTEM_CLOCK, LoopClock
 from inferwatch.common.httpserver import (
     CpuBudget,
     HttpServer,
@@ -315,7 +316,7 @@ class _Snapshot:
 
     def __init__(self, families: list[Metric], taken: float) -> None:
         self.families = families
-        self.taken = taken  # time.monotonic() when the collection began
+        self.taken = taken  # the endpoint's clock when the collection began
         self.answers: dict[_Variant, Exposition] = {}
         self.cost = 0.0  # CPU seconds of the collection and of every encoding of it
 
@@ -350,14 +351,21 @@ class _EndpointApp:
     answer says how old its collection is (:data:`AGE_HEADER`).
     """
 
-    def __init__(self, registry: Collector) -> None:
+    def __init__(
+        self,
+        registry: Collector,
+        clock: LoopClock = SYSTEM_CLOCK,
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
         self._registry = registry
+        self._now = clock.monotonic
+        self._cpu = cpu  # where the CPU of answers and renderings is read: the serving thread's by default
         self._answering = 0.0  # CPU seconds answering requests took, from being taken up to being sent
-        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering)
+        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering, wall=clock)
         # Connection (client address and port) -> when its last answer was sent, most recent last.
         self._answered: OrderedDict[object, float] = OrderedDict()
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
-        self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
+        self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered, wall=clock)
         self._snapshot: _Snapshot | None = None
         self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
 
@@ -376,8 +384,8 @@ class _EndpointApp:
             return
         client = scope.get("client")
         last = self._answered.get(client)
-        await self._requests.acquire(urgent=last is None or time.monotonic() - last >= QUIET)
-        started = time.thread_time()
+        await self._requests.acquire(urgent=last is None or self._now() - last >= QUIET)
+        started = self._cpu()
         try:
             headers = request_headers(scope)
             variant = _variant(
@@ -386,23 +394,23 @@ class _EndpointApp:
                 scope.get("query_string", b"").decode("latin-1"),
             )
             answer, snapshot, collected = self._exposition(variant)
-            age = max(0.0, time.monotonic() - snapshot.taken)
+            age = max(0.0, self._now() - snapshot.taken)
             fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
             if not collected:
                 fields.append(("Age", str(int(age))))
             await respond(send, 200, fields, answer.body, head=method == "HEAD")
         finally:
-            self._answering += time.thread_time() - started
-            self._answered[client] = time.monotonic()
+            self._answering += self._cpu() - started
+            self._answered[client] = self._now()
             self._answered.move_to_end(client)
             if len(self._answered) > _CLIENTS_KEPT:
                 self._answered.popitem(last=False)
 
     def _exposition(self, variant: _Variant) -> tuple[Exposition, _Snapshot, bool]:
         """The answer for ``variant``, its collection, and whether that was collected for this request."""
-        started = time.thread_time()
+        started = self._cpu()
         try:
-            snapshot, now = self._snapshot, time.monotonic()
+            snapshot, now = self._snapshot, self._now()
             collected = (
                 snapshot is None or self._rendering.available() or now - snapshot.taken >= self._max_age()
             )
@@ -412,10 +420,10 @@ class _EndpointApp:
                     self._costs.append(snapshot.cost)
                 snapshot = self._snapshot = _Snapshot(families, now)
             answer = snapshot.answer(variant)
-            snapshot.cost += time.thread_time() - started
+            snapshot.cost += self._cpu() - started
             return answer, snapshot, collected
         finally:
-            self._rendered += time.thread_time() - started
+            self._rendered += self._cpu() - started
 
 
 @dataclass
