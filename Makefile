@@ -34,8 +34,9 @@ lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every tier, the timing tier too (which a plain pytest leaves out): tests/conftest.py runs it last.
 test: $(VENV)/.stamp-dev system-deps lint
-	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m "timing or not timing" $(PYTEST_ARGS)
 
 # The messages of the kubelet's PodResources API (exporter/kubernetes/podresources.proto) as Python,
 # generated once and committed, like kubernetes-mixin's generated files: run this after changing the

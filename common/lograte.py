@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+
+from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 
 #: Lines of one kind of event per window: enough to see what happens, too few to fill a disk.
 DEFAULT_BURST = 5
@@ -28,20 +29,24 @@ _KINDS_KEPT = 256
 
 
 class RateLimit(logging.Filter):
-    """A ``logging.Filter`` letting through at most ``burst`` records per message template per ``window``."""
+    """A ``logging.Filter`` letting through at most ``burst`` records per message template per ``window``
+    seconds of ``clock``."""
 
-    def __init__(self, burst: int = DEFAULT_BURST, window: float = DEFAULT_WINDOW_SECONDS) -> None:
+    def __init__(
+        self, burst: int = DEFAULT_BURST, window: float = DEFAULT_WINDOW_SECONDS, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         super().__init__()
         if burst < 1 or window <= 0:
             raise ValueError(f"a rate limit needs burst >= 1 and window > 0, got {burst} and {window}")
         self._burst = burst
         self._window = window
+        self._now = clock.monotonic
         self._lock = threading.Lock()
         # template -> (window start, lines let through in it, lines dropped since the last one let through)
         self._kinds: dict[object, tuple[float, int, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
+        now = self._now()
         key = record.msg
         with self._lock:
             started, passed, dropped = self._kinds.get(key, (now, 0, 0))

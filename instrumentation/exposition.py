@@ -26,9 +26,7 @@ registry in both single-process and multiprocess mode.
 
 from __future__ import annotations
 
-import copy
 import errno
-import gzip
 import logging
 import os
 import statistics
@@ -36,10 +34,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-from urllib.parse import parse_qs
+from typing import Any
 
 from inferwatch.common.authgate import guarded
+from inferwatch.common.clock import SYSTEM_CLOCK, LoopClock
 from inferwatch.common.httpserver import (
     CpuBudget,
     HttpServer,
@@ -53,11 +51,19 @@ from inferwatch.common.httpserver import (
     respond,
 )
 from inferwatch.common.lograte import RateLimit
-from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
 from inferwatch.common.webconfig import load_web_config
 from inferwatch.instrumentation.profiling_http import DebugApp, with_debug_routes
+from inferwatch.instrumentation.rendering import (
+    Collected,
+    Exposition,
+    Variant,
+    encode,
+    method_not_allowed,
+    render,
+    restricted,
+    variant_of,
+)
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.multiprocess import mark_process_dead as _mark_process_dead
@@ -122,8 +128,6 @@ _COSTS_KEPT = 3
 #: from, as it is sent (``0.412``); answers from a collection made for an earlier request also carry
 #: ``Age`` (RFC 9111, whole seconds), as a cache would.
 AGE_HEADER = "Inferwatch-Collection-Age"
-# Level 1: a fifth of the size for a fraction of the CPU of gzip's default level 9.
-_GZIP_LEVEL = 1
 #: A connection that waited this long (seconds) since its last answer, or a new one, is a quiet client:
 #: its request is taken up at once, ahead of clients that scrape back to back, as long as the CPU budget
 #: is less than :data:`CPU_BURST` in debt (docs/serving.md, "The metrics endpoint").
@@ -185,78 +189,6 @@ def mark_process_dead(pid: int, path: str | os.PathLike[str] | None = None) -> N
     _mark_process_dead(pid, path)
 
 
-class Exposition(NamedTuple):
-    """A rendered answer: body and headers (Content-Type, and Content-Encoding when compressed)."""
-
-    body: bytes
-    headers: tuple[tuple[str, str], ...]
-
-
-class _Variant(NamedTuple):
-    """What the answer to a request depends on: requests that ask for the same variant get the same bytes."""
-
-    media: str  # the ``Accept`` entry that chose the format, for prometheus_client's choose_encoder
-    gzip: bool
-    names: frozenset[str] | None  # ``name[]`` of the query string; None: every metric
-
-
-def _variant(accept: str | None, accept_encoding: str | None, query: str) -> _Variant:
-    chosen = choose_media_type(accept, (TEXT, OPENMETRICS))
-    names = parse_qs(query).get("name[]")
-    return _Variant(
-        chosen[1] if chosen else "", gzip_acceptable(accept_encoding), frozenset(names) if names else None
-    )
-
-
-class _Collected:
-    """Metric families collected once, as a collector: prometheus_client's encoders take anything with
-    ``collect()``, so one collection can be encoded in every format."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
-
-
-def _restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric]:
-    """The families with only their samples named in ``names``, those left with none dropped: what
-    prometheus_client's restricted registry serves (``name[]``), for any collector, with units kept."""
-    out = []
-    for family in families:
-        samples = [sample for sample in family.samples if sample.name in names]
-        if samples:
-            kept = copy.copy(family)
-            kept.samples = samples
-            out.append(kept)
-    return out
-
-
-def _encode(collected: Collector, variant: _Variant) -> Exposition:
-    encoder, content_type = choose_encoder(variant.media)
-    body = encoder(collected)
-    headers = [("Content-Type", content_type)]
-    if variant.gzip:
-        body = gzip.compress(body, compresslevel=_GZIP_LEVEL)
-        headers.append(("Content-Encoding", "gzip"))
-    return Exposition(body, tuple(headers))
-
-
-def render(
-    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
-) -> Exposition:
-    """The exposition of ``registry``, collected now, as the request headers ask for it; ``name[]`` in
-    the query string restricts it to the samples of those names, as with prometheus_client."""
-    variant = _variant(accept, accept_encoding, query)
-    if variant.names is not None:
-        registry = _Collected(_restricted(registry.collect(), variant.names))
-    return _encode(registry, variant)
-
-
-def _method_not_allowed() -> Exposition:
-    return Exposition(b"Method not allowed\n", (("Content-Type", "text/plain"), ("Allow", "GET, HEAD")))
-
-
 def make_wsgi_app(registry: Collector | None = None) -> Callable:
     """A WSGI app that answers every GET and HEAD with the metrics of ``registry``."""
     registry = registry if registry is not None else serving_registry()
@@ -274,7 +206,7 @@ def make_wsgi_app(registry: Collector | None = None) -> Callable:
                 ),
             )
         else:
-            status, answer = "405 Method Not Allowed", _method_not_allowed()
+            status, answer = "405 Method Not Allowed", method_not_allowed()
         start_response(status, [*answer.headers, ("Content-Length", str(len(answer.body)))])
         return [b""] if method == "HEAD" else [answer.body]
 
@@ -300,7 +232,7 @@ def make_asgi_app(registry: Collector | None = None) -> Callable:
                 ),
             )
         else:
-            status, answer = 405, _method_not_allowed()
+            status, answer = 405, method_not_allowed()
         await _send(send, status, answer, head=scope["method"] == "HEAD")
 
     return metrics_app
@@ -315,17 +247,17 @@ class _Snapshot:
 
     def __init__(self, families: list[Metric], taken: float) -> None:
         self.families = families
-        self.taken = taken  # time.monotonic() when the collection began
-        self.answers: dict[_Variant, Exposition] = {}
+        self.taken = taken  # the endpoint's clock when the collection began
+        self.answers: dict[Variant, Exposition] = {}
         self.cost = 0.0  # CPU seconds of the collection and of every encoding of it
 
-    def answer(self, variant: _Variant) -> Exposition:
+    def answer(self, variant: Variant) -> Exposition:
         answer = self.answers.get(variant)
         if answer is None:
             families = self.families
             if variant.names is not None:
-                families = _restricted(families, variant.names)
-            answer = self.answers[variant] = _encode(_Collected(families), variant)
+                families = restricted(families, variant.names)
+            answer = self.answers[variant] = encode(Collected(families), variant)
             if len(self.answers) > _RENDERS_KEPT:
                 del self.answers[next(iter(self.answers))]  # the first encoded
         return answer
@@ -350,14 +282,21 @@ class _EndpointApp:
     answer says how old its collection is (:data:`AGE_HEADER`).
     """
 
-    def __init__(self, registry: Collector) -> None:
+    def __init__(
+        self,
+        registry: Collector,
+        clock: LoopClock = SYSTEM_CLOCK,
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
         self._registry = registry
+        self._now = clock.monotonic
+        self._cpu = cpu  # where the CPU of answers and renderings is read: the serving thread's by default
         self._answering = 0.0  # CPU seconds answering requests took, from being taken up to being sent
-        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering)
+        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering, wall=clock)
         # Connection (client address and port) -> when its last answer was sent, most recent last.
         self._answered: OrderedDict[object, float] = OrderedDict()
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
-        self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered)
+        self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered, wall=clock)
         self._snapshot: _Snapshot | None = None
         self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
 
@@ -372,37 +311,37 @@ class _EndpointApp:
             return
         method = scope["method"]
         if method not in ("GET", "HEAD"):
-            await _send(send, 405, _method_not_allowed(), head=method == "HEAD")
+            await _send(send, 405, method_not_allowed(), head=method == "HEAD")
             return
         client = scope.get("client")
         last = self._answered.get(client)
-        await self._requests.acquire(urgent=last is None or time.monotonic() - last >= QUIET)
-        started = time.thread_time()
+        await self._requests.acquire(urgent=last is None or self._now() - last >= QUIET)
+        started = self._cpu()
         try:
             headers = request_headers(scope)
-            variant = _variant(
+            variant = variant_of(
                 headers.get("accept"),
                 headers.get("accept-encoding"),
                 scope.get("query_string", b"").decode("latin-1"),
             )
             answer, snapshot, collected = self._exposition(variant)
-            age = max(0.0, time.monotonic() - snapshot.taken)
+            age = max(0.0, self._now() - snapshot.taken)
             fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
             if not collected:
                 fields.append(("Age", str(int(age))))
             await respond(send, 200, fields, answer.body, head=method == "HEAD")
         finally:
-            self._answering += time.thread_time() - started
-            self._answered[client] = time.monotonic()
+            self._answering += self._cpu() - started
+            self._answered[client] = self._now()
             self._answered.move_to_end(client)
             if len(self._answered) > _CLIENTS_KEPT:
                 self._answered.popitem(last=False)
 
-    def _exposition(self, variant: _Variant) -> tuple[Exposition, _Snapshot, bool]:
+    def _exposition(self, variant: Variant) -> tuple[Exposition, _Snapshot, bool]:
         """The answer for ``variant``, its collection, and whether that was collected for this request."""
-        started = time.thread_time()
+        started = self._cpu()
         try:
-            snapshot, now = self._snapshot, time.monotonic()
+            snapshot, now = self._snapshot, self._now()
             collected = (
                 snapshot is None or self._rendering.available() or now - snapshot.taken >= self._max_age()
             )
@@ -412,10 +351,10 @@ class _EndpointApp:
                     self._costs.append(snapshot.cost)
                 snapshot = self._snapshot = _Snapshot(families, now)
             answer = snapshot.answer(variant)
-            snapshot.cost += time.thread_time() - started
+            snapshot.cost += self._cpu() - started
             return answer, snapshot, collected
         finally:
-            self._rendered += time.thread_time() - started
+            self._rendered += self._cpu() - started
 
 
 @dataclass

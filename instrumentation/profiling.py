@@ -164,6 +164,9 @@ class Capture:
     serving_thread_seconds: float = 0.0  # time the capture took from the serving thread at boundaries
     _profiler: Any = None
     _step_range: Any = None
+    #: Set when the capture is armed, waiting for a step (or ended before it could be): what a caller
+    #: that starts forward steps for it waits on.
+    ready: threading.Event = field(default_factory=threading.Event)
     #: Set when the serving thread stopped the profiler (or the capture ended before it could).
     stopped: threading.Event = field(default_factory=threading.Event)
     #: Set when the capture is done or failed.
@@ -266,6 +269,7 @@ class Captures:
             capture.armed_at = time.monotonic()
             capture.state = "armed"
             self.armed = True
+            capture.ready.set()
             if not capture.stopped.wait(capture.seconds):
                 with self._lock:
                     expired = capture.state == "armed"
@@ -329,6 +333,7 @@ class Captures:
         capture.state, capture.error = state, error
         if self._current is capture:
             self.armed = False
+        capture.ready.set()
         capture.stopped.set()
         capture.ended.set()
 

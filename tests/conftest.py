@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: GPU tests skip cleanly where there is no usable CUDA device."""
+"""Suite-wide fixtures: GPU tests skip cleanly where there is no usable CUDA device, and the timing tier
+(tests marked ``timing``) runs after every other test that was selected."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Last: a test that bounds wall time or CPU share runs, and is reported, after every test that the
+    # machine's load cannot fail. The sort keeps the order otherwise.
+    items.sort(key=lambda item: "timing" in item.keywords)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU on this machine")

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import GenerationConfig
 
 from tests.support import METRICS_DOC, documented_metrics, http_get
+from tests.support.batching import small_page_pool
 
 SECTION = "Instrumentation"
 CUDA_ONLY = "*CUDA only.*"
@@ -99,7 +100,8 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     monkeypatch.undo()
     # Continuous batching: its paged cache is reported while its manager is alive.
     manager = model.init_continuous_batching(
-        generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1)
+        generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1),
+        continuous_batching_config=small_page_pool(),
     )
     manager.start()
     manager.add_request(encode_text("batched"), max_new_tokens=4)

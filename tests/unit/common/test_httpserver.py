@@ -27,6 +27,8 @@ from inferwatch.common.httpserver import (
     bind,
 )
 
+from tests.support.clock import ManualClock
+from tests.support.services import wait_until
 from tests.unit.exporter.certs import self_signed_certificate
 
 LOG = logging.getLogger("inferwatch.test.http")
@@ -68,6 +70,7 @@ def closed_within(sock: socket.socket, seconds: float) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.timing  # a latency bound: in the timing tier, not the unit tier's
 def test_keepalive_http11_without_server_header_or_nagle_delay() -> None:
     with serving(size=64 * 1024) as thread:
         connection = http.client.HTTPConnection("127.0.0.1", thread.server.port, timeout=5)
@@ -142,9 +145,7 @@ def test_a_client_that_never_reads_is_cut_and_its_buffers_freed() -> None:
         lazy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.5)
         assert thread.server.connections == 1  # answered, and stuck in the buffers
-        deadline = time.monotonic() + 10
-        while thread.server.connections and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not thread.server.connections, 10, "the connection cut", interval=0.01)
         assert thread.server.connections == 0
         received = 0
         lazy.settimeout(5)
@@ -164,9 +165,7 @@ def test_clients_that_pipeline_and_never_read_are_cut_at_the_request_limit() -> 
         try:
             for sock in lazy:
                 sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
-            deadline = time.monotonic() + 10
-            while thread.server.connections and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: not thread.server.connections, 10, "the connections cut", interval=0.01)
             assert thread.server.connections == 0  # cut near the 1 s limit, not at the 30 s idle one
         finally:
             for sock in lazy:
@@ -177,13 +176,12 @@ def test_at_the_cap_the_connection_that_waited_longest_gives_way_to_a_new_scrape
     with serving(Limits(max_connections=3)) as thread:
         port = thread.server.port
         held = []
-        for _ in range(3):  # silent clients, oldest first
+        for count in range(1, 4):  # silent clients, oldest first: each one in before the next connects
             held.append(socket.create_connection(("127.0.0.1", port)))
-            time.sleep(0.05)
+            wait_until(
+                lambda n=count: thread.server.connections >= n, 5, f"{count} connections", interval=0.01
+            )
         try:
-            deadline = time.monotonic() + 5
-            while thread.server.connections < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/")
             assert connection.getresponse().read()
@@ -318,15 +316,16 @@ def test_tls_is_swapped_for_new_connections_without_a_gap(tmp_path: Path) -> Non
 
 def test_the_cpu_budget_waits_out_what_was_used_beyond_the_share() -> None:
     async def scenario() -> tuple[bool, float]:
-        budget = CpuBudget(share=0.5, burst=0.01)
+        clock = ManualClock()  # the wall clock; the CPU is this thread's own, spent for real
+        budget = CpuBudget(share=0.5, burst=0.01, wall=clock)
         assert budget.available()
         spin_until = time.thread_time() + 0.06  # 60 ms of CPU: 50 ms beyond the burst
         while time.thread_time() < spin_until:
             pass
         exhausted = not budget.available()
-        started = time.monotonic()
-        await budget.acquire()  # ~0.05 / 0.5 = 100 ms to pay back, at half a core
-        return exhausted, time.monotonic() - started
+        # ~0.05 / 0.5 = 100 ms to pay back, at half a core: the clock is moved a millisecond at a time.
+        waited = await clock.advance_until_done(asyncio.ensure_future(budget.acquire()), step=0.001)
+        return exhausted, waited
 
     exhausted, waited = asyncio.run(scenario())
     assert exhausted
@@ -335,9 +334,10 @@ def test_the_cpu_budget_waits_out_what_was_used_beyond_the_share() -> None:
 
 def test_an_urgent_caller_skips_the_queue_and_may_borrow_one_burst() -> None:
     used = [0.0]  # CPU seconds charged to the budget, by hand: no wall-clock race
+    clock = ManualClock()  # and wall time that passes only when moved: never here
 
     async def scenario() -> list[str]:
-        budget = CpuBudget(share=0.01, burst=0.1, clock=lambda: used[0])
+        budget = CpuBudget(share=0.01, burst=0.1, clock=lambda: used[0], wall=clock)
         assert budget.available()  # the first look: what the clock says from here on is spent
         order: list[str] = []
         used[0] = 0.15  # a greedy client spent the burst and half a burst more
@@ -347,7 +347,7 @@ def test_an_urgent_caller_skips_the_queue_and_may_borrow_one_burst() -> None:
             order.append("greedy")
 
         waiting = asyncio.ensure_future(greedy())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # it looks, finds the bucket empty, and waits
         await budget.acquire(urgent=True)  # 0.05 in debt: within one burst
         order.append("urgent")
         used[0] = 0.25  # now 0.15 in debt: an urgent caller waits too

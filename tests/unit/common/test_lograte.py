@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 from inferwatch.common.lograte import RateLimit
 
+from tests.support.clock import ManualClock
+
 
 @pytest.fixture
-def logger() -> logging.Logger:
-    log = logging.getLogger(f"inferwatch.test.lograte.{time.monotonic_ns()}")
+def logger(request: pytest.FixtureRequest) -> logging.Logger:
+    log = logging.getLogger(f"inferwatch.test.lograte.{request.node.name}")
     log.setLevel(logging.INFO)
     return log
 
@@ -19,7 +20,7 @@ def logger() -> logging.Logger:
 def test_each_kind_gets_its_burst_per_window(
     logger: logging.Logger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    logger.addFilter(RateLimit(burst=3, window=60))
+    logger.addFilter(RateLimit(burst=3, window=60, clock=ManualClock()))
     with caplog.at_level(logging.INFO, logger=logger.name):
         for xid in range(1000):
             logger.warning("GPU %d: XID %d", 0, xid)
@@ -31,11 +32,12 @@ def test_each_kind_gets_its_burst_per_window(
 def test_the_next_line_after_a_window_counts_what_was_dropped(
     logger: logging.Logger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    logger.addFilter(RateLimit(burst=1, window=0.2))
+    clock = ManualClock()
+    logger.addFilter(RateLimit(burst=1, window=0.2, clock=clock))
     with caplog.at_level(logging.INFO, logger=logger.name):
         for _ in range(50):
             logger.warning("slow client from %s", "127.0.0.1")
-        time.sleep(0.25)
+        clock.advance(0.25)
         logger.warning("slow client from %s", "127.0.0.1")
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [

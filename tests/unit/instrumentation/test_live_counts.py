@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 from inferwatch.instrumentation import instrument, request, track_request
 from inferwatch.instrumentation.models import EOS_TOKEN_ID, build_model, encode_text
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
+from tests.support.batching import small_page_pool
 from tests.unit.instrumentation.conftest import batch_of
 from tests.unit.instrumentation.test_compiled import compiled_generation_config
 from tests.unit.instrumentation.test_generate import EosSchedule
@@ -144,7 +146,8 @@ def test_continuous_batching_counts_tokens_as_they_are_produced(llama) -> None:
     handle = instrument(llama, model_name="m", registry=registry)
     prompt = encode_text("a long story in steps")
     manager = llama.init_continuous_batching(
-        generation_config=GenerationConfig(max_new_tokens=300, do_sample=False, eos_token_id=-1)
+        generation_config=GenerationConfig(max_new_tokens=300, do_sample=False, eos_token_id=-1),
+        continuous_batching_config=small_page_pool(),
     )
     manager.start()
     readings: list[tuple[int, float, float]] = []
@@ -179,6 +182,7 @@ def test_a_tracked_request_counts_tokens_as_they_are_produced() -> None:
     assert counters(registry) == (7, 100)
 
 
+@pytest.mark.timing  # a rate over a second of wall time: in the timing tier, not the unit tier's
 def test_a_scrape_during_generation_reads_a_rate(llama) -> None:
     # What a tokens/s panel sees: two reads of the counter a second apart while one request runs are a
     # rate near the model's, not 0 followed by a spike at the request's end.

@@ -9,7 +9,6 @@ import json
 import os
 import ssl
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,19 +46,22 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
 
 
 def wait_finished(base: str, capture_id: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, body = http_get(f"{base}/debug/profile?id={capture_id}")
-        state = json.loads(body)
-        if state["state"] in ("done", "failed"):
-            return state
-        time.sleep(0.05)
-    raise AssertionError(f"capture {capture_id} did not finish: {state}")
+    """The endpoint's state of the capture once it has ended (done or failed)."""
+    ended = CAPTURES.get(capture_id).ended.wait(timeout)
+    _, body = http_get(f"{base}/debug/profile?id={capture_id}")
+    state = json.loads(body)
+    if not ended or state["state"] not in ("done", "failed"):
+        raise AssertionError(f"capture {capture_id} did not finish: {state}")
+    return state
+
+
+def wait_armed(capture_id: str | None = None) -> None:
+    """Return once the capture is armed (or has ended before it could be)."""
+    assert CAPTURES.get(capture_id).ready.wait(60), CAPTURES.get(capture_id)
 
 
 def generate_until_armed_and_done(model: torch.nn.Module, base: str, capture_id: str) -> dict[str, Any]:
-    while not CAPTURES.armed and CAPTURES.get(capture_id).state == "preparing":
-        time.sleep(0.01)
+    wait_armed(capture_id)
     model.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=12, do_sample=False)
     return wait_finished(base, capture_id)
 
@@ -90,8 +92,8 @@ def test_a_capture_spans_the_requests_of_its_thread_and_no_other_thread(llama, i
     instrumented(llama)
     status, state = post(f"{endpoint}/debug/profile?steps=15&seconds=20")
     assert status == 202
-    while not CAPTURES.armed:
-        time.sleep(0.01)
+    wait_armed(state["id"])
+    assert CAPTURES.armed
     llama.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=12, do_sample=False)
     # Another thread's forwards while the capture runs are neither counted nor profiled.
     worker = threading.Thread(
@@ -209,8 +211,8 @@ def test_the_web_configs_tls_and_basic_auth_cover_the_profile_routes(
         assert not CAPTURES.armed
         assert call("/debug/profile?steps=2", "POST", "secret") == 202
         instrumented(llama)
-        while not CAPTURES.armed:
-            time.sleep(0.01)
+        wait_armed()
+        assert CAPTURES.armed
         llama.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=4, do_sample=False)
         assert CAPTURES.get().ended.wait(30) and CAPTURES.get().state == "done"
     finally:

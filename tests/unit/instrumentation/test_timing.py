@@ -9,6 +9,9 @@ import torch
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 
+# Forwards slowed by sleeps, and latencies bounded by the wall time they took: the timing tier's.
+pytestmark = pytest.mark.timing
+
 PREFILL_DELAY = 0.06
 DECODE_DELAY = 0.02
 NEW_TOKENS = 5

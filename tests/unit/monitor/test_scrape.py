@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,13 +15,16 @@ from tests.support import free_port
 
 
 @contextmanager
-def http_server(status: int, body: bytes, delay: float = 0.0) -> Iterator[str]:
-    """A real HTTP server on loopback answering every GET with ``status`` and ``body`` after ``delay``
-    seconds."""
+def http_server(status: int, body: bytes, held: bool = False) -> Iterator[str]:
+    """A real HTTP server on loopback answering every GET with ``status`` and ``body``; ``held``: not
+    before the test is over (an endpoint that never answers in time, however slowly the test runs)."""
+    released = threading.Event()
+    if not held:
+        released.set()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            time.sleep(delay)
+            released.wait()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain")
@@ -40,6 +42,7 @@ def http_server(status: int, body: bytes, delay: float = 0.0) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
     finally:
+        released.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
@@ -100,7 +103,7 @@ def test_an_http_error_is_down() -> None:
 
 
 def test_a_slow_endpoint_is_down_after_the_timeout() -> None:
-    with http_server(200, b"# TYPE up gauge\nup 1\n", delay=2.0) as url:
+    with http_server(200, b"# TYPE up gauge\nup 1\n", held=True) as url:
         result = scrape(url, timeout=0.3)
     assert (result.up, result.error) == (False, "no answer within 0.3s")
     assert result.duration_s < 1.5

@@ -14,7 +14,6 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
-from inferwatch.instrumentation import exposition
 from inferwatch.instrumentation.exposition import (
     AGE_HEADER,
     CPU_BURST,
@@ -32,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tests.support import http_get, sample_value
+from tests.support.clock import ManualClock
 from tests.support.httpload import Load, Target
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"
@@ -190,6 +190,7 @@ def test_scrapes_within_the_budget_are_always_fresh(registry: CollectorRegistry)
             assert sample_value(body.decode(), "llm_fresh_events_total") == expected
 
 
+@pytest.mark.timing  # a CPU share over 3 s of wall time: in the timing tier, not the unit tier's
 def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorRegistry) -> None:
     # A registry the size of an instrumented model's: rendering is the expensive part of a scrape.
     for i in range(60):
@@ -223,9 +224,12 @@ class _Slow:
         return [GaugeMetricFamily("llm_test_collections", "Collections so far.", value=self.collections)]
 
 
-def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str]:
+def _get(
+    app: Any, accept: str, query: bytes = b"", clock: ManualClock | None = None
+) -> tuple[dict[str, str], str]:
     """One GET through ``app`` as ASGI, with the scope an ASGI server passes; the answer's headers
-    (lower-case names) and text."""
+    (lower-case names) and text. With the app's ``clock``, that clock is moved while the request waits
+    for its CPU budget, a hundredth of a second at a time."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -245,7 +249,13 @@ def _get(app: Any, accept: str, query: bytes = b"") -> tuple[dict[str, str], str
     async def send(message: dict) -> None:
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    async def answered() -> None:
+        request = asyncio.ensure_future(app(scope, receive, send))
+        if clock is not None:
+            await clock.advance_until_done(request, step=0.01)
+        await request
+
+    asyncio.run(answered())
     start, body = sent
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert body["type"] == "http.response.body"
@@ -259,35 +269,33 @@ def _collections(text: str) -> float | None:
 
 def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> None:
     slow = _Slow(cpu=0.01)
-    app = _EndpointApp(slow)
+    clock = ManualClock()  # the wall clock; the CPU is spent for real
+    app = _EndpointApp(slow, clock=clock)
     # Collected for each request until the renderings' budget is spent (its 50 ms burst: ~5 of these).
     for _ in range(10):
-        headers, _ = _get(app, "text/plain")
+        headers, _ = _get(app, "text/plain", clock=clock)
     collected = slow.collections
     assert 3 <= collected <= 8, collected
     # Past the budget, both formats get the last collection, encoded once each, and say how old it is.
     for accept in ["text/plain", OPENMETRICS_ACCEPT] * 5:
-        headers, text = _get(app, accept)
+        headers, text = _get(app, accept, clock=clock)
         assert _collections(text) == collected
         assert headers["age"] == "0"
         assert 0 <= float(headers[AGE_HEADER.lower()]) < MAX_AGE
     assert slow.collections == collected
     # Once it is MAX_AGE old, the next request gets a new collection whatever the budget says.
-    time.sleep(MAX_AGE + 0.05)
-    headers, text = _get(app, OPENMETRICS_ACCEPT)
+    clock.advance(MAX_AGE + 0.05)
+    headers, text = _get(app, OPENMETRICS_ACCEPT, clock=clock)
     assert _collections(text) == collected + 1 == slow.collections
     assert "age" not in headers and float(headers[AGE_HEADER.lower()]) < 0.1
 
 
-class _Clock:
-    """``time`` for the exposition module: wall and CPU clocks the test moves."""
+class _Clock(ManualClock):
+    """The endpoint's wall clock, and a CPU clock, that the test moves."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        super().__init__()
         self.cpu = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
 
     def thread_time(self) -> float:
         return self.cpu
@@ -316,17 +324,16 @@ class _Budget:
 
 
 @pytest.fixture
-def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, _Costly, _Budget, Any]:
-    """An endpoint app on a clock the test moves; its renderings' budget says what the test sets."""
+def clocked() -> tuple[_Clock, _Costly, _Budget, Any]:
+    """An endpoint app on clocks the test moves; its renderings' budget says what the test sets."""
     clock = _Clock()
-    monkeypatch.setattr(exposition, "time", clock)
     collector = _Costly(clock)
-    app = _EndpointApp(collector)
+    app = _EndpointApp(collector, clock=clock, cpu=clock.thread_time)
     rendering = _Budget(True)
     app._rendering = rendering  # type: ignore[assignment]
 
     def scrape(accept: str = "text/plain") -> tuple[float | None, str | None, str]:
-        headers, text = _get(app, accept)
+        headers, text = _get(app, accept, clock=clock)
         return _collections(text), headers.get("age"), headers[AGE_HEADER.lower()]
 
     return clock, collector, rendering, scrape
@@ -339,21 +346,21 @@ def test_what_the_endpoint_collects_again_and_what_it_says(clocked: Any) -> None
     assert scrape(OPENMETRICS_ACCEPT) == (2, None, "0.000")
     # Beyond it, the last collection, for every variant, saying how old it is.
     rendering.is_available = False
-    clock.now += 0.5
+    clock.advance(0.5)
     assert scrape() == (2, "0", "0.500")
     assert scrape(OPENMETRICS_ACCEPT) == (2, "0", "0.500")
     # MAX_AGE old: collected again, whatever the renderings' budget says.
-    clock.now += MAX_AGE - 0.5
+    clock.advance(MAX_AGE - 0.5)
     assert scrape(OPENMETRICS_ACCEPT) == (3, None, "0.000")
     # Collections that typically take 30 ms, more than MAX_AGE * REFRESH_SHARE, are collected again once
     # paid back at REFRESH_SHARE: 1.5 s. The answers say how old they are, in whole seconds too (Age).
     collector.cost = 0.03
     for collections in (4, 5, 6):  # the median of the three before the last turns costly at the 6th
-        clock.now += MAX_AGE
+        clock.advance(MAX_AGE)
         assert scrape()[0] == collections
-    clock.now += 1.25
+    clock.advance(1.25)
     assert scrape() == (6, "1", "1.250")
-    clock.now += 0.03 / REFRESH_SHARE - 1.25
+    clock.advance(0.03 / REFRESH_SHARE - 1.25)
     assert scrape() == (7, None, "0.000")
 
 
@@ -362,12 +369,12 @@ def test_one_slow_collection_does_not_hold_the_next_back(clocked: Any) -> None:
     rendering.is_available = False
     for collections in range(1, 5):
         assert scrape()[0] == collections
-        clock.now += MAX_AGE
+        clock.advance(MAX_AGE)
     collector.cost = 0.3  # a garbage collection, or the kernel reclaiming memory, in its middle
     assert scrape()[0] == 5
     collector.cost = 0.001
     for collections in (6, 7):  # not kept 15 s, until 0.3 s are paid back at REFRESH_SHARE
-        clock.now += MAX_AGE
+        clock.advance(MAX_AGE)
         assert scrape() == (collections, None, "0.000")
 
 
