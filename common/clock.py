@@ -1,9 +1,9 @@
 """The clock that code deciding by elapsed time reads, so that a test can move it instead of waiting.
 
-A rate limit, a budget or a time-out takes a :class:`Clock` (or, where it waits on an asyncio loop, a
-:class:`LoopClock`), defaulting to :data:`SYSTEM_CLOCK`: ``time.monotonic`` and ``asyncio.sleep``. A test
-passes a clock it moves by hand (``tests/support/clock.py``'s ``ManualClock``), so that what it checks
-happens at the times it says, however busy the machine is.
+A rate limit, a budget, a time-out, a poll window or a timestamp takes a :class:`Clock` (or, where it
+waits on an asyncio loop, a :class:`LoopClock`), defaulting to :data:`SYSTEM_CLOCK`: ``time.monotonic``,
+``time.time`` and ``asyncio.sleep``. A test passes a clock it moves by hand (``tests/support/clock.py``'s
+``ManualClock``), so that what it checks happens at the times it says, however busy the machine is.
 
 Code on a hot path keeps the bound method (``self._now = clock.monotonic``): a call through it costs what
 a call of ``time.monotonic`` costs.
@@ -19,9 +19,13 @@ __all__ = ["SYSTEM_CLOCK", "Clock", "LoopClock", "SystemClock"]
 
 
 class Clock(Protocol):
-    """Seconds on a clock that never goes back; only differences between two readings mean anything."""
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary start, never going back: for intervals and deadlines."""
+        ...
 
-    def monotonic(self) -> float: ...
+    def time(self) -> float:
+        """Seconds since the Unix epoch: for timestamps."""
+        ...
 
 
 class LoopClock(Clock, Protocol):
@@ -31,9 +35,10 @@ class LoopClock(Clock, Protocol):
 
 
 class SystemClock:
-    """The real clock: ``time.monotonic``, and ``asyncio.sleep`` on the running loop."""
+    """The real clocks: ``time.monotonic``, ``time.time``, and ``asyncio.sleep`` on the running loop."""
 
     monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
     sleep = staticmethod(asyncio.sleep)
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from .clock import SYSTEM_CLOCK, Clock
+from inferwatch.common.clock import SYSTEM_CLOCK, Clock
+
 from .samples import MetricSpec, Sample
 from .selfmetrics import Tally
 

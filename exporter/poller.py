@@ -33,9 +33,9 @@ from enum import Enum
 from types import ModuleType
 from typing import TypeVar
 
+from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 from inferwatch.common.lograte import RateLimit
 
-from .clock import SYSTEM_CLOCK, Clock
 from .collectors import (
     GpuCollector,
     HostCollector,

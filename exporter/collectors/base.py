@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from ..clock import SYSTEM_CLOCK, Clock
+from inferwatch.common.clock import SYSTEM_CLOCK, Clock
+
 from ..samples import MetricSpec, Sample
 
 if TYPE_CHECKING:

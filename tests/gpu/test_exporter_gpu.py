@@ -290,6 +290,11 @@ def test_a_cuda_load_moves_utilization_and_power(exporter: Exporter) -> None:
             time.sleep(0.25)
         return out
 
+    import torch
+
+    # Memory an earlier test of this process left in torch's cache is already used in NVML's eyes, and
+    # would serve the load's tensors: the used bytes would not move.
+    torch.cuda.empty_cache()
     idle = readings(2.0)
     with matmul_load():
         time.sleep(1.0)  # NVML's power reading averages over about a second

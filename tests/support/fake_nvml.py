@@ -45,7 +45,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from inferwatch.exporter.clock import SYSTEM_CLOCK, Clock
+from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 
 from tests.support.fake_events import EventsApi
 from tests.support.fake_gpm import GpmApi

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferwatch.exporter.clock import Clock
+from inferwatch.common.clock import Clock
 from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.exposition import Exposition

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inferwatch.exporter.clock import SYSTEM_CLOCK
+from inferwatch.common.clock import SYSTEM_CLOCK
 from inferwatch.exporter.nvml import GpuContext, NvmlSession
 from inferwatch.exporter.poller import GpuJob
 from inferwatch.exporter.selfmetrics import GPU_UP, NVML_ERRORS, Tally

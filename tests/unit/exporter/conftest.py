@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.clock import ManualClock
 from tests.support.fake_nvml import FakeNvml
-from tests.support.manual_clock import ManualClock
 from tests.support.pollers import MakePoller, Pollers, gpu_value, own_process, render
 
 __all__ = ["MakePoller", "gpu_value", "own_process", "render"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from inferwatch.exporter.collectors import REGISTRY
 
-from tests.support.manual_clock import ManualClock
+from tests.support.clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, render
 
 GOLDEN = Path(__file__).parent / "golden" / "exposition.txt"

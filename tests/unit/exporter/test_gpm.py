@@ -11,7 +11,7 @@ from typing import Any
 from inferwatch.exporter.poller import Poller
 
 from tests.support import parse_samples, sample_value
-from tests.support.manual_clock import ManualClock
+from tests.support.clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, gpu_value, render
 
 WINDOW = 0.15  # seconds: above NVML's 100 ms minimum

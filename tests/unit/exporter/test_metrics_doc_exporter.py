@@ -15,8 +15,8 @@ import pytest
 from inferwatch.exporter.kubernetes import cgroup
 
 from tests.support import documented_metrics, exposed_metrics, fake_nvml
+from tests.support.clock import ManualClock
 from tests.support.kubelet import PodResourcesServer, gpu_pod
-from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, own_process, render
 
 CONTAINER_CGROUP = (

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.support import parse_samples, sample_value
+from tests.support.clock import ManualClock
 from tests.support.fake_nvml_types import NVML_ERROR_NOT_SUPPORTED
-from tests.support.manual_clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, gpu_value, own_process, render
 
 GIB = 1 << 30
