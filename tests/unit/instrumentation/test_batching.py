@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from tests.support import sample_value
+from tests.support.batching import small_page_pool
 from tests.support.observations import ObservationRecorder
 
 MODEL = "cb"
@@ -80,7 +81,12 @@ def check_outputs(registry: CollectorRegistry, recorded: ObservationRecorder, ou
 def test_generate_batch_requests_match_what_it_returned(instrumented) -> None:
     model, handle, registry, recorded = instrumented
     prompts = [encode_text("tell me more " * (1 + i % 5)) for i in range(8)]
-    results = model.generate_batch(prompts, generation_config=no_eos(10), record_timestamps=True)
+    results = model.generate_batch(
+        prompts,
+        generation_config=no_eos(10),
+        continuous_batching_config=small_page_pool(),
+        record_timestamps=True,
+    )
     assert handle.flush()
     check_outputs(registry, recorded, list(results.values()))
 
@@ -88,7 +94,9 @@ def test_generate_batch_requests_match_what_it_returned(instrumented) -> None:
 @pytest.mark.parametrize("streaming", [False, True])
 def test_manager_requests_of_different_lengths(instrumented, streaming: bool) -> None:
     model, handle, registry, recorded = instrumented
-    manager = model.init_continuous_batching(generation_config=no_eos(32))
+    manager = model.init_continuous_batching(
+        generation_config=no_eos(32), continuous_batching_config=small_page_pool()
+    )
     manager.start()
     try:
         ids = [
@@ -117,7 +125,9 @@ def test_manager_requests_of_different_lengths(instrumented, streaming: bool) ->
 
 def test_a_cancelled_request_is_counted_cancelled(instrumented) -> None:
     model, handle, registry, _ = instrumented
-    manager = model.init_continuous_batching(generation_config=no_eos(2000))
+    manager = model.init_continuous_batching(
+        generation_config=no_eos(2000), continuous_batching_config=small_page_pool()
+    )
     manager.start()
     try:
         long_id = manager.add_request(encode_text("a long story"), max_new_tokens=2000, streaming=True)
@@ -168,7 +178,9 @@ def test_the_paged_cache_is_reported_and_forgotten_with_the_model() -> None:
     registry = CollectorRegistry()
     model = build_model("tiny-llama")
     handle = instrument(model, model_name=MODEL, registry=registry)
-    manager = model.init_continuous_batching(generation_config=no_eos(4))
+    manager = model.init_continuous_batching(
+        generation_config=no_eos(4), continuous_batching_config=small_page_pool()
+    )
     manager.start()
     manager.add_request(encode_text("hello"), max_new_tokens=4)
     assert manager.get_result(timeout=60) is not None
@@ -195,7 +207,9 @@ def test_removal_takes_the_continuous_batching_hook_off(instrumented) -> None:
     assert "init_continuous_batching" in model.__dict__
     handle.remove()
     assert "init_continuous_batching" not in model.__dict__
-    model.generate_batch([encode_text("hello")], generation_config=no_eos(3))
+    model.generate_batch(
+        [encode_text("hello")], generation_config=no_eos(3), continuous_batching_config=small_page_pool()
+    )
     assert metric(registry, "llm_requests_total", status="ok") == 0
 
 
@@ -207,7 +221,11 @@ def test_a_version_whose_manager_differs_keeps_the_steps(instrumented, monkeypat
     model, handle, registry, _ = instrumented
     monkeypatch.delattr(ContinuousBatchingManager, "cancel_request")
     with caplog.at_level("WARNING", logger="inferwatch.instrumentation"):
-        model.generate_batch([encode_text("hello"), encode_text("world")], generation_config=no_eos(4))
+        model.generate_batch(
+            [encode_text("hello"), encode_text("world")],
+            generation_config=no_eos(4),
+            continuous_batching_config=small_page_pool(),
+        )
     assert handle.flush()
     assert [r.message for r in caplog.records if "requests are not followed" in r.message]
     errors = registry.get_sample_value("llm_instrumentation_errors_total", {"stage": "batching"})

@@ -23,6 +23,8 @@ from inferwatch.instrumentation.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 
+from tests.support.batching import small_page_pool
+
 GOLDEN = Path(__file__).parent / "golden" / "demo_families.txt"
 MODEL = "demo-golden"
 SEED = 7
@@ -64,7 +66,11 @@ def run_the_demos_requests(registry: CollectorRegistry) -> None:
             for _ in range(4):
                 request.token()
         config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=-1)
-        model.generate_batch([[1, 5, 9, 2], [1, 7, 7, 7, 7, 3]], generation_config=config)
+        model.generate_batch(
+            [[1, 5, 9, 2], [1, 7, 7, 7, 7, 3]],
+            generation_config=config,
+            continuous_batching_config=small_page_pool(),
+        )
         assert handle.flush(10.0)
     finally:
         handle.remove()
