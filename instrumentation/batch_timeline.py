@@ -108,7 +108,7 @@ class BatchTimeline:
     """The requests and steps of one model's continuous batching, resolved in the order they happened.
 
     Requests arrive and are cancelled on the callers' threads; steps and deliveries happen on the manager's
-    thread; resolution runs there or on the background sampler. One lock guards the shared state.
+    thread; resolution runs there or on the background thread. One lock guards the shared state.
     """
 
     def __init__(self, model: InstrumentedModel) -> None:
