@@ -159,7 +159,7 @@ def _patch_serve_server(server: ModuleType) -> None:
         def build_server_with_arrivals(*args: Any, **kwargs: Any) -> Any:
             app = build_server(*args, **kwargs)
             try:
-                app.add_middleware(ArrivalMiddleware)
+                app.add_middleware(ArrivalMiddleware, model_name=_settings.model_name)
             except Exception:
                 logger.warning(
                     "inferwatch run: transformers serve's requests are timed from generate", exc_info=True

@@ -32,9 +32,23 @@ class _WaitingGauge(Protocol):
 
 class Arrival:
     """One request as the server received it. Thread-safe: it is opened in the server's thread or task and
-    claimed in whichever thread runs ``generate``."""
+    claimed in whichever thread runs ``generate``.
 
-    __slots__ = ("_claimed", "_closed", "_lock", "_waiting", "time")
+    The request that claims it leaves how to end it early (:meth:`claim`'s ``on_disconnect``): a client
+    that goes away before its answer was sent (:meth:`disconnect`, from the middleware) ends that request
+    as ``cancelled`` at that moment, whatever the generating thread does afterwards."""
+
+    __slots__ = (
+        "_claimed",
+        "_closed",
+        "_lock",
+        "_on_disconnect",
+        "_waiting",
+        "disconnected_at",
+        "series",
+        "stop_on_disconnect",
+        "time",
+    )
 
     def __init__(self, at: float | None = None) -> None:
         #: ``time.perf_counter()`` when the request arrived.
@@ -43,6 +57,13 @@ class Arrival:
         self._waiting: _WaitingGauge | None = None
         self._claimed = False
         self._closed = False
+        self._on_disconnect: Callable[[float], None] | None = None
+        #: The series of the model whose request claimed the arrival (its ``model`` label), or None.
+        self.series: Any = None
+        #: ``time.perf_counter()`` when the client went away before its answer was sent, or None.
+        self.disconnected_at: float | None = None
+        #: Whether the generation for a client that went away is stopped (the middleware's opt-in).
+        self.stop_on_disconnect = False
 
     def wait_on(self, waiting: _WaitingGauge) -> None:
         """Count the request in a model's ``llm_requests_waiting`` until it is claimed or closed (once)."""
@@ -51,20 +72,44 @@ class Arrival:
                 waiting.inc()
                 self._waiting = waiting
 
-    def claim(self) -> float | None:
+    @property
+    def claimed(self) -> bool:
+        """Whether a model's request ran for this arrival."""
+        return self._claimed
+
+    def claim(self, series: Any = None, on_disconnect: Callable[[float], None] | None = None) -> float | None:
         """The arrival time for the first request that runs for it (no longer waiting); None after that:
-        a second ``generate`` for the same server request is timed from its own entry."""
+        a second ``generate`` for the same server request is timed from its own entry.
+
+        ``series``: the claiming model's; ``on_disconnect(at)`` ends its request as cancelled at ``at``,
+        called at once if the client has already gone."""
         with self._lock:
             if self._claimed:
                 return None
             self._claimed = True
             self._stop_waiting()
-            return self.time
+            self.series = series
+            self._on_disconnect = on_disconnect
+            gone = self.disconnected_at
+        if gone is not None and on_disconnect is not None:
+            on_disconnect(gone)
+        return self.time
+
+    def disconnect(self, at: float) -> None:
+        """The client went away at ``at`` (``time.perf_counter()``) before its answer was sent (once)."""
+        with self._lock:
+            if self.disconnected_at is not None:
+                return
+            self.disconnected_at = at
+            on_disconnect = self._on_disconnect
+        if on_disconnect is not None:
+            on_disconnect(at)
 
     def close(self) -> None:
         """The server is done with the request (answered, failed or abandoned before it ran)."""
         with self._lock:
             self._closed = True
+            self._on_disconnect = None  # the request it ended must not be kept alive by the arrival
             self._stop_waiting()
 
     def _stop_waiting(self) -> None:

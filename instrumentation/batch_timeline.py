@@ -27,16 +27,20 @@ from inferwatch.instrumentation.worker import BACKGROUND
 ANCHOR_REFRESH_SECONDS = 10.0
 
 _WAITING, _RUNNING = "waiting", "running"
+#: Requests cancelled while the manager may still schedule them, remembered to count the tokens it
+#: generates for them anyway as wasted; the oldest are forgotten beyond this many.
+_ABANDONED_KEPT = 1024
 
 
 class _Tracked:
     """One request of the manager, from its arrival to its delivery."""
 
-    __slots__ = ("prompt", "prompt_counted", "sampled", "state", "timeline")
+    __slots__ = ("limit", "prompt", "prompt_counted", "sampled", "state", "timeline")
 
-    def __init__(self, arrival: float, prompt: int) -> None:
+    def __init__(self, arrival: float, prompt: int, limit: int | None) -> None:
         self.timeline = TokenTimeline(arrival, arrival)  # TTFT and the queue start at its arrival
         self.prompt = prompt
+        self.limit = limit  # its max_new_tokens, where known
         self.prompt_counted = False  # in llm_prompt_tokens_total, from its first step on
         self.state: str | None = _WAITING  # None once finished
         self.sampled = False  # a step that samples its next token has been scheduled
@@ -118,6 +122,7 @@ class BatchTimeline:
         self._requests: dict[str, _Tracked] = {}
         self._pending: collections.deque[_Step | _Finish] = collections.deque()
         self._failures: dict[str, str] = {}
+        self._abandoned: dict[str, None] = {}  # cancelled, maybe still scheduled (see _ABANDONED_KEPT)
         self._last_failure: int | None = None
         self._lock = threading.Lock()
         self._composition: _Composition | None = None
@@ -128,12 +133,15 @@ class BatchTimeline:
 
     # -- requests (callers' threads and the manager's) -------------------------------------------------
 
-    def arrive(self, request_id: str, arrival: float | None, created: float, prompt: int) -> None:
-        """A request was handed to the manager: ``arrival`` from an open Arrival, else ``created``."""
+    def arrive(
+        self, request_id: str, arrival: float | None, created: float, prompt: int, limit: int | None = None
+    ) -> None:
+        """A request was handed to the manager: ``arrival`` from an open Arrival, else ``created``;
+        ``limit``: its ``max_new_tokens``."""
         with self._lock:
             tracked = self._requests.get(request_id)
             if tracked is None:
-                self._requests[request_id] = _Tracked(created if arrival is None else arrival, prompt)
+                self._requests[request_id] = _Tracked(created if arrival is None else arrival, prompt, limit)
                 self.series.waiting.inc()
             elif arrival is not None and tracked.timeline.first_token is None:
                 tracked.arrived(arrival)  # the scheduler saw it first
@@ -153,7 +161,7 @@ class BatchTimeline:
             self.arrive(request_id, None, state.created_time, len(state.initial_tokens))
 
     def cancel(self, request_id: str) -> None:
-        """The client went away (``manager.cancel_request``)."""
+        """The client went away (``manager.cancel_request``, or the middleware saw it go)."""
         self._finish(request_id, "cancelled", None)
 
     def fail(self, state: Any, error: BaseException) -> None:
@@ -171,6 +179,7 @@ class BatchTimeline:
         """The router handed ``outputs`` to the user: finish those that are done, then resolve."""
         for output in outputs:
             if output.is_finished():
+                self._abandoned.pop(output.request_id, None)
                 failed = output.error is not None
                 status = self._failures.pop(output.request_id, "error") if failed else "ok"
                 self._finish(output.request_id, status, len(output.generated_tokens))
@@ -184,6 +193,12 @@ class BatchTimeline:
                 return
             (self.series.running if tracked.state == _RUNNING else self.series.waiting).dec()
             tracked.state = None
+            if status == "ok" and tracked.limit is not None and tracked.limit <= 0:
+                status = "rejected"  # asked for no token: the client's mistake, as in generate
+            elif status == "cancelled":
+                self._abandoned[request_id] = None
+                if len(self._abandoned) > _ABANDONED_KEPT:
+                    del self._abandoned[next(iter(self._abandoned))]
             self._pending.append(_Finish(request_id, status, generated, at))
 
     # -- steps (the manager's thread) ------------------------------------------------------------------
@@ -348,13 +363,17 @@ class BatchTimeline:
                 tracked.timeline.start_prefill(start, series, observations)
                 observations.count(series.prompt_tokens, tracked.prompt)
                 tracked.prompt_counted = True
-        placed = 0
+        placed = wasted = 0
         for request_id in step.sampling:
             tracked = requests.get(request_id)
             if tracked is not None:
                 placed += 1
                 tracked.timeline.place(end, 1, series, observations)
-        observations.count(series.generation_tokens, placed)
+            elif request_id in self._abandoned:  # sampled for a client that has gone
+                wasted += 1
+        observations.count(series.generation_tokens, placed + wasted)
+        if wasted:
+            observations.count(series.wasted_tokens, wasted)
         clock.release(step.start)
         clock.release(step.end)
 
@@ -366,6 +385,7 @@ class BatchTimeline:
         timeline.observe_end(status, finish.at, series, observations)
         if status == "ok":
             timeline.observe_decode(series, observations)
+            timeline.observe_finish_reason(finish.generated, tracked.limit, series, observations)
         if status in ("ok", "cancelled"):
             generated = timeline.token_steps if finish.generated is None else finish.generated
             counted_prompt = tracked.prompt if tracked.prompt_counted else 0

@@ -93,7 +93,7 @@ class BatchingHooks:
             return
         timeline = self.timeline
         try:
-            wrap_method(manager, "add_request", self._add_request)
+            wrap_method(manager, "add_request", functools.partial(self._add_request, weakref.ref(manager)))
             errors = timeline.errors
             wrap_method(manager, "cancel_request", _observing(timeline.cancel, errors, before=False))
             router = manager.output_router
@@ -107,7 +107,7 @@ class BatchingHooks:
         except Exception as exc:
             self._degrade("steps are not followed; the forward passes are timed one by one", exc)
 
-    def _add_request(self, original: Any) -> Any:
+    def _add_request(self, manager: weakref.ref, original: Any) -> Any:
         timeline = self.timeline
 
         def add_request(input_ids: Any, *args: Any, **kwargs: Any) -> Any:
@@ -115,9 +115,13 @@ class BatchingHooks:
             request_id = original(input_ids, *args, **kwargs)
             try:
                 if request_id is not None:
+                    limit = _max_new_tokens(manager(), args, kwargs)
                     arrival = ARRIVAL.get()
-                    arrived = None if arrival is None else arrival.claim()
-                    timeline.arrive(request_id, arrived, created, len(input_ids))
+                    first = arrival is not None and not arrival.claimed
+                    arrived = arrival.time if first else None
+                    timeline.arrive(request_id, arrived, created, len(input_ids), limit)
+                    if first:  # after arrive: a client already gone cancels the request at once
+                        arrival.claim(timeline.series, _disconnect(manager, request_id, arrival, timeline))
             except Exception as exc:
                 timeline.errors.report("batching", exc)
             return request_id
@@ -194,6 +198,31 @@ class BatchingHooks:
         wrap_method(processor, "prepare_next_batch", idle)
         if view is not None:
             self._model.series.watch_paged_cache(view)
+
+
+def _max_new_tokens(manager: Any, args: tuple, kwargs: dict) -> int | None:
+    """The ``max_new_tokens`` of an ``add_request(input_ids, request_id, max_new_tokens, ...)`` call: its
+    argument, else the manager's generation config, as the manager resolves it."""
+    limit = kwargs["max_new_tokens"] if "max_new_tokens" in kwargs else args[1] if len(args) > 1 else None
+    if limit is None and manager is not None:
+        limit = getattr(getattr(manager, "generation_config", None), "max_new_tokens", None)
+    return None if limit is None else int(limit)
+
+
+def _disconnect(manager: weakref.ref, request_id: str, arrival: Any, timeline: BatchTimeline) -> Any:
+    """What ends a request whose client went away: cancelled now, and its generation stopped where the
+    middleware was asked to (``stop_generation_on_disconnect``)."""
+
+    def on_disconnect(at: float) -> None:
+        timeline.cancel(request_id)
+        held = manager()
+        if arrival.stop_on_disconnect and held is not None:
+            try:
+                held.cancel_request(request_id)
+            except Exception as exc:
+                timeline.errors.report("batching", exc)
+
+    return on_disconnect
 
 
 def _observing(observe: Any, errors: ErrorReporter, *, before: bool) -> Any:

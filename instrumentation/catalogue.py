@@ -123,7 +123,29 @@ QUEUE = _histogram(
 REQUESTS = _counter(
     "llm_requests_total", "requests", ("model", "status"),
     "Finished requests by status: ok, error (the model raised), oom (out of device memory), cancelled "
-    "(the client went away).",
+    "(the client went away), rejected (a client mistake: a 4xx answer before any model ran, or zero new "
+    "tokens asked for), server_error (a 5xx answer before any model ran).",
+)  # fmt: skip
+FINISHED = _counter(
+    "llm_requests_finished_total", "requests", ("model", "finish_reason"),
+    "Requests a model ran, by why they ended, as the OpenAI API's finish_reason: stop (EOS, a stop "
+    "string or another stopping criterion), length (max_new_tokens reached), cancelled, error, oom.",
+)  # fmt: skip
+WASTED_TOKENS = _counter(
+    "llm_wasted_tokens_total", "tokens", M,
+    "Tokens generated for a request after its client went away (counted in "
+    "llm_generation_tokens_total too).",
+)  # fmt: skip
+RESPONSE_FIRST_CONTENT = _histogram(
+    "llm_response_time_to_first_content_seconds", "seconds", M, "ttft_buckets",
+    "What the server sent: from a request's arrival until the middleware passed the first body byte that "
+    "carries generated content to the server (an event-stream's first event with content), beside "
+    "llm_time_to_first_token_seconds, what the model produced.",
+)  # fmt: skip
+RESPONSE_LAST_BYTE = _histogram(
+    "llm_response_time_to_last_byte_seconds", "seconds", M, "e2e_buckets",
+    "What the server sent: from a request's arrival until the middleware passed the last body byte of a "
+    "completed response to the server, beside llm_e2e_request_latency_seconds.",
 )  # fmt: skip
 PROMPT_TOKENS = _counter(
     "llm_prompt_tokens_total",
@@ -253,7 +275,8 @@ LAST_STEP = _gauge(
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, TPOT, MAX_ITL, E2E, PREFILL, DECODE, QUEUE, FORWARD, PROMPT_TOKENS_HIST,
-    GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS,
+    WASTED_TOKENS, RESPONSE_FIRST_CONTENT, RESPONSE_LAST_BYTE,
     OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING,
     KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
     KV_CACHE_CAPACITY_BYTES, KV_CACHE_PREFIX_TOKENS, KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS,
@@ -315,6 +338,12 @@ class Metrics:
 
 _metrics_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, Metrics] = weakref.WeakKeyDictionary()
 _metrics_lock = threading.Lock()
+
+
+def existing_metrics(registry: CollectorRegistry | None) -> Metrics | None:
+    """The :class:`Metrics` of ``registry`` (default: REGISTRY) if a model or request created it."""
+    with _metrics_lock:
+        return _metrics_by_registry.get(REGISTRY if registry is None else registry)
 
 
 def metrics_for(registry: CollectorRegistry | None, config: InstrumentConfig) -> Metrics:

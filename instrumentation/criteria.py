@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 import torch
+from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
 from inferwatch.instrumentation.instrumented import InstrumentedModel
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request
 
@@ -70,6 +71,35 @@ def token_marking_criteria() -> type | None:
     return TokenMarkingCriteria
 
 
+@functools.cache
+def _disconnect_criterion() -> type:
+    from transformers.generation.stopping_criteria import StoppingCriteria
+
+    class StopOnDisconnect(StoppingCriteria):
+        """Ends every row once the client of ``arrival`` has gone (see :func:`stop_on_disconnect`)."""
+
+        def __init__(self, arrival: Arrival | None) -> None:
+            self._arrival = arrival
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            gone = self._arrival is not None and self._arrival.disconnected_at is not None
+            return torch.full((input_ids.shape[0],), gone, dtype=torch.bool, device=input_ids.device)
+
+    return StopOnDisconnect
+
+
+def stop_on_disconnect() -> Any:
+    """A transformers ``StoppingCriteria`` that ends ``generate`` once the client of the request being
+    handled here (the arrival the middleware opened) has gone; it never stops a call outside one::
+
+        criteria = StoppingCriteriaList([stop_on_disconnect()])   # in the handler, before the thread
+        Thread(target=model.generate, kwargs={..., "stopping_criteria": criteria}).start()
+
+    It costs one small device op per step; the middleware's ``stop_generation_on_disconnect=True`` adds
+    it to every generate call of its requests instead."""
+    return _disconnect_criterion()(ARRIVAL.get())
+
+
 def wrap_stopping_criteria(model: InstrumentedModel, original: Any) -> Any:
     """``_get_stopping_criteria``, through which generate builds the stopping criteria of its loop: for a
     request of ``model`` they come back as :class:`TokenMarkingCriteria`."""
@@ -86,6 +116,9 @@ def wrap_stopping_criteria(model: InstrumentedModel, original: Any) -> Any:
                 return criteria
             criteria = marking(criteria, model, request)
             request.mark_tokens_at_sampling()
+            arrival = ARRIVAL.get()
+            if arrival is not None and arrival.stop_on_disconnect:
+                criteria.append(_disconnect_criterion()(arrival))
         except Exception as exc:
             model.errors.report("generate_enter", exc)
         return criteria

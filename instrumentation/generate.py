@@ -15,7 +15,13 @@ from inferwatch.instrumentation.compiled import CompiledPath
 from inferwatch.instrumentation.instrumented import InstrumentedModel
 from inferwatch.instrumentation.profiling import CAPTURES
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
-from inferwatch.instrumentation.tokens import LiveTokens, every_row_generates, generated_count, prompt_of
+from inferwatch.instrumentation.tokens import (
+    LiveTokens,
+    every_row_generates,
+    generated_count,
+    new_token_limit,
+    prompt_of,
+)
 
 
 class GenerateWrapper:
@@ -56,24 +62,28 @@ class GenerateWrapper:
         model = self._model
         try:
             model.follow()
-            arrival = ARRIVAL.get()
-            arrived = None if arrival is None else arrival.claim()
             clock = model.placement.clock
             prompt = prompt_of(args, kwargs)
+            prompt_length = 0 if prompt is None else prompt.length
+            generation_config = self._generation_config(kwargs)
             live = LiveTokens(
                 None if prompt is None else prompt.count(clock),
                 1 if prompt is None else prompt.rows,
-                every_row_generates(kwargs, self._generation_config(kwargs)),
+                every_row_generates(kwargs, generation_config),
             )
-            return Request(
+            arrival = ARRIVAL.get()
+            request = Request(
                 model.series,
                 clock,
                 owner=model,
                 live=live,
                 entry=entry,
-                arrival=arrived,
-                prompt_length=0 if prompt is None else prompt.length,
+                prompt_length=prompt_length,
+                token_limit=new_token_limit(kwargs, generation_config, prompt_length),
             )
+            if arrival is not None:
+                request.arrived(arrival.claim(model.series, request.cancel))
+            return request
         except Exception as exc:
             model.errors.report("generate_enter", exc)
             return None
@@ -96,8 +106,12 @@ class GenerateWrapper:
     def _end(self, request: Request, counts: Fetched | None, failure: BaseException | None = None) -> None:
         """The request ended: served with ``counts`` of generated tokens, or failed with ``failure``."""
         model = self._model
+        if request.token_limit is not None and request.token_limit <= 0:
+            status = "rejected"  # asked for no token: the client's mistake, however generate took it
+        else:
+            status = "ok" if failure is None else failure_status(failure)
         try:
-            request.finish("ok" if failure is None else failure_status(failure), counts)
+            request.finish(status, counts)
         except Exception as exc:
             model.errors.report("generate_exit", exc)
 

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextvars
 import math
+import threading
 import time
 from typing import Any
 
@@ -168,7 +169,11 @@ class Request:
     ``entry``: perf_counter at the caller's first line (default: when the anchor was recorded, after
     inferwatch's own set-up); ``arrival``: when the request reached the server, where that is known
     (arrival.py): TTFT and E2E start there. ``prompt_length``: tokens per row that generate's output holds
-    before the generated ones."""
+    before the generated ones; ``token_limit``: the new tokens a row may generate (``max_new_tokens``),
+    where known: a row that reached it finished for ``length``.
+
+    It ends once, by :meth:`finish` when its caller returns, or earlier by :meth:`cancel` when its client
+    went away (the serving thread may go on generating: those tokens are wasted)."""
 
     def __init__(
         self,
@@ -180,6 +185,7 @@ class Request:
         entry: float | None = None,
         arrival: float | None = None,
         prompt_length: int = 0,
+        token_limit: int | None = None,
     ) -> None:
         self.series = series
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
@@ -191,6 +197,7 @@ class Request:
             arrival_or_entry = arrival
         self.timeline = TokenTimeline(arrival_or_entry, arrival)
         self.prompt_length = prompt_length
+        self.token_limit = token_limit
         #: Token times come from marks recorded after sampling (criteria.TokenMarkingCriteria), not forward
         #: ends: see :meth:`mark_tokens_at_sampling`.
         self.marks_sampling = False
@@ -202,6 +209,7 @@ class Request:
         self._pending: collections.deque[Step] = collections.deque()
         self._kv: KVCacheSize | None = None
         self._status: str | None = None
+        self._end_lock = threading.Lock()  # finish (the serving thread) against cancel (the server's)
         #: The request's tokens as the counters have them while it runs (one row, no prompt by default).
         self.live = live or LiveTokens(None, 1, math.inf)
         self._counts: Fetched | None = None
@@ -233,6 +241,12 @@ class Request:
                 end_host=end_host,
             )
         )
+
+    def arrived(self, arrival: float | None) -> None:
+        """The request reached the server at ``arrival`` (an Arrival's claim; None: unknown or claimed
+        before): TTFT and E2E start there, and its queue time is observed."""
+        if arrival is not None:
+            self.timeline.ttft_start = self.timeline.arrival = arrival
 
     def mark_tokens_at_sampling(self) -> None:
         """From now on generate's criteria mark each token after sampling; its forwards bring none."""
@@ -350,24 +364,39 @@ class Request:
 
     # -- the end of a request --------------------------------------------------------------------------
 
-    def finish(self, status: str, counts: Fetched | None = None) -> None:
-        """End the request at its exit with ``status``; ``counts``: the tokens generate generated, on their
-        way to the host (from its output).
+    def cancel(self, at: float) -> None:
+        """The client went away at ``at`` (``time.perf_counter()``): the request ends ``cancelled`` now,
+        whatever its caller does afterwards; the tokens it generates after ``at`` are wasted. Its marks
+        are still resolved when the caller returns (:meth:`finish`)."""
+        if self._end("cancelled", at):
+            self.timeline.cancel_at(at)
 
-        Status, running requests, an OOM and end-to-end latency are recorded now; the rest by
-        :meth:`resolve`, now if every mark is complete, else on the background thread.
+    def finish(self, status: str, counts: Fetched | None = None) -> None:
+        """The caller returned (or raised) with ``status``; ``counts``: the tokens generate generated, on
+        their way to the host (from its output). A request cancelled earlier stays cancelled.
+
+        Status, running requests, an OOM and end-to-end latency are recorded at the request's end; the rest
+        by :meth:`resolve`, now if every mark is complete, else on the background thread.
         """
-        self._status = status
         self._counts = counts
+        self._end(status, time.perf_counter())
+        self.set_kv(None)
+        BACKGROUND.resolve_or_defer(self, self.series.errors)
+
+    def _end(self, status: str, at: float) -> bool:
+        """Record the request's end at ``at`` with ``status``, once; False if it had already ended."""
+        with self._end_lock:
+            if self._status is not None:
+                return False
+            self._status = status
         series = self.series
         series.running.dec()
         if status == "oom":
             series.oom_events.inc()
         observations = Observations()
-        self.timeline.observe_end(status, time.perf_counter(), series, observations)
+        self.timeline.observe_end(status, at, series, observations)
         observations.flush()
-        self.set_kv(None)
-        BACKGROUND.resolve_or_defer(self, series.errors)
+        return True
 
     def resolve(self) -> bool:
         """Make the per-request observations once every mark and count is on the host; False = not yet.
@@ -386,18 +415,24 @@ class Request:
             return False
         series = self.series
         self.clock.release(self.mapping.anchor)
+        longest = None  # the tokens of the row that generated most
         if counts is not None:
-            generated = counts.value()[0]
+            generated, longest = counts.value()
         elif self._status == "cancelled" or self.owner is None:
             # No output to count (a cancelled generate, a tracked request): every row's tokens so far.
             generated = self.live.rows * self.timeline.token_steps
         else:  # a generate whose output could not be counted (an error already reported): as counted
             generated = None
         observations = Observations()
+        timeline = self.timeline
         if self._status == "ok":
-            self.timeline.observe_decode(series, observations)
+            timeline.observe_decode(series, observations)
+            timeline.observe_finish_reason(longest, self.token_limit, series, observations)
         if generated is not None:
             self.live.settle(series, generated, observations)
+            if timeline.wasted_steps:
+                wasted = min(generated, timeline.wasted_steps * self.live.rows)
+                observations.count(series.wasted_tokens, wasted)
         self._resolved = True
         observations.flush()
         return True

@@ -22,7 +22,11 @@ from inferwatch.instrumentation.catalogue import Metrics
 from inferwatch.instrumentation.kvcache import KVCacheSize
 from prometheus_client import Gauge
 
-STATUSES = ("ok", "error", "oom", "cancelled")
+#: A finished request's ``status``: the four a model's request ends with, then the two of a request the
+#: server answered before any model ran (arrival.py's middleware): a client mistake, a server failure.
+STATUSES = ("ok", "error", "oom", "cancelled", "rejected", "server_error")
+#: Why a request a model ran ended (``finish_reason``, as the OpenAI API's).
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "oom")
 #: The heartbeat answers "has the engine stalled for seconds?"; writing the gauge on every forward cost
 #: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
 HEARTBEAT_RESOLUTION_SECONDS = 0.1
@@ -78,6 +82,11 @@ class ModelSeries:
         self.generation_tokens_hist = bind(cat.GENERATION_TOKENS_HIST)
         self.batch_size = bind(cat.BATCH_SIZE)
         self.requests = {status: bind(cat.REQUESTS, status) for status in STATUSES}
+        self.finished = {reason: bind(cat.FINISHED, reason) for reason in FINISH_REASONS}
+        self.wasted_tokens = bind(cat.WASTED_TOKENS)
+        # What the server sent (the middleware's): series once a middleware observes one, so a model
+        # served without it does not show empty histograms.
+        self._responses: tuple[Any, Any] | None = None
         self.prompt_tokens = bind(cat.PROMPT_TOKENS)
         self.generation_tokens = bind(cat.GENERATION_TOKENS)
         self.oom_events = bind(cat.OOM_EVENTS)
@@ -118,6 +127,20 @@ class ModelSeries:
             if self._kv_bytes_per_token is None:
                 self._kv_bytes_per_token = self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name)
             self._kv_bytes_per_token.set(per_token)
+
+    def observe_response(self, first_content: float | None, last_byte: float | None) -> None:
+        """A response the middleware watched: seconds from the arrival to its first content byte and to its
+        last byte, where it had them."""
+        if self._responses is None:
+            self._responses = (
+                self.metrics[cat.RESPONSE_FIRST_CONTENT].labels(self.name),
+                self.metrics[cat.RESPONSE_LAST_BYTE].labels(self.name),
+            )
+        first, last = self._responses
+        if first_content is not None:
+            first.observe(first_content)
+        if last_byte is not None:
+            last.observe(last_byte)
 
     def heartbeat(self) -> None:
         """A forward or token step happened now (recorded at most every HEARTBEAT_RESOLUTION_SECONDS)."""

@@ -70,12 +70,14 @@ class TokenTimeline:
 
     __slots__ = (
         "arrival",
+        "cancelled_at",
         "first_token",
         "last_token",
         "max_gap",
         "prefill_start",
         "token_steps",
         "ttft_start",
+        "wasted_steps",
     )
 
     def __init__(self, ttft_start: float, arrival: float | None) -> None:
@@ -86,6 +88,13 @@ class TokenTimeline:
         self.last_token: float | None = None
         self.token_steps = 0  # token steps placed (tokens per sequence)
         self.max_gap = 0.0
+        #: When the client went away, if it did before its answer was sent (see :meth:`cancel_at`).
+        self.cancelled_at: float | None = None
+        self.wasted_steps = 0  # token steps placed after ``cancelled_at``: generated for nobody
+
+    def cancel_at(self, at: float) -> None:
+        """The client went away at ``at``: the token steps that end later are wasted."""
+        self.cancelled_at = at
 
     def start_prefill(self, at: float, series: ModelSeries, observations: Observations) -> None:
         """The request's first forward began at ``at``: its queue time ends there."""
@@ -98,6 +107,8 @@ class TokenTimeline:
         later step is ``tokens`` inter-token latencies of a ``tokens``-th of its gap each."""
         previous, self.last_token = self.last_token, end
         self.token_steps += tokens
+        if self.cancelled_at is not None and end > self.cancelled_at:
+            self.wasted_steps += tokens
         if previous is None:
             self.first_token = end
             observations.observe(series.ttft, end - self.ttft_start)
@@ -125,15 +136,30 @@ class TokenTimeline:
         gaps = [later - before for before, later in zip(earlier, ends, strict=True)]
         self.max_gap = max(self.max_gap, *gaps)
         self.token_steps += len(ends)
+        if self.cancelled_at is not None:
+            self.wasted_steps += sum(1 for end in ends if end > self.cancelled_at)
         self.last_token = ends[-1]
         observations.observe_all(series.itl, gaps)
 
     def observe_end(self, status: str, at: float, series: ModelSeries, observations: Observations) -> None:
-        """The request ended at ``at`` with ``status``: its outcome is counted, and a served one has its
-        end-to-end latency."""
+        """The request ended at ``at`` with ``status``: its outcome is counted, a served one has its
+        end-to-end latency, and one that did not end served has its finish reason (a served one's, stop
+        or length, is known once its tokens are: :meth:`observe_finish_reason`)."""
         observations.count(series.requests[status], 1)
         if status == "ok":
             observations.observe(series.e2e, at - self.ttft_start)
+        elif status in series.finished:
+            observations.count(series.finished[status], 1)
+
+    def observe_finish_reason(
+        self, generated: int | None, limit: int | None, series: ModelSeries, observations: Observations
+    ) -> None:
+        """A served request's finish reason: ``length`` when its longest row generated ``limit`` tokens
+        (the ``max_new_tokens`` it asked for), else ``stop`` (EOS, a stop string or another criterion);
+        ``generated``: that row's tokens, None where only the token steps are known."""
+        tokens = self.token_steps if generated is None else generated
+        reason = "length" if limit is not None and tokens >= limit else "stop"
+        observations.count(series.finished[reason], 1)
 
     def observe_decode(self, series: ModelSeries, observations: Observations) -> None:
         """A served request's decode, once every token is placed: its duration, its time per output

@@ -107,11 +107,23 @@ def every_row_generates(kwargs: dict, generation_config: Any) -> float:
     return kwargs.get("min_new_tokens", getattr(generation_config, "min_new_tokens", None)) or 0
 
 
+def new_token_limit(kwargs: dict, generation_config: Any, prompt_length: int) -> int | None:
+    """The new tokens a row of this generate call may generate, as transformers decides it:
+    ``max_new_tokens`` (the argument's, else the generation config's), else ``max_length`` less the
+    prompt; None when neither is known."""
+    limit = kwargs.get("max_new_tokens", getattr(generation_config, "max_new_tokens", None))
+    if limit is not None:
+        return int(limit)
+    max_length = kwargs.get("max_length", getattr(generation_config, "max_length", None))
+    return None if max_length is None else int(max_length) - prompt_length
+
+
 def generated_count(
     output: Any, prompt_length: int, generation_config: Any, kwargs: dict
 ) -> torch.Tensor | None:
-    """A 1-element device tensor: tokens a finished generate produced, summed over its rows (up to and
-    including each row's EOS, its padding after excluded); None when the output holds no sequences."""
+    """A 2-element device tensor: tokens a finished generate produced, summed over its rows, and those
+    of its longest row (each up to and including its EOS, its padding after excluded); None when the
+    output holds no sequences."""
     sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
         return None
@@ -123,7 +135,7 @@ def generated_count(
     # trailing pad id is a token the model really generated and must be counted.
     trailing_pad = pad_ids[0] if pad_ids and stops_without_eos(kwargs) else None
     lengths = generated_lengths(sequences[:, prompt_length:], token_ids(eos), trailing_pad)
-    return lengths.sum().reshape(1)
+    return torch.stack((lengths.sum(), lengths.max()))
 
 
 class LiveTokens:

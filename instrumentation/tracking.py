@@ -41,6 +41,7 @@ class RequestTracker:
         registry: CollectorRegistry | None,
         config: InstrumentConfig | None,
         arrival: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> None:
         if not isinstance(model_name, str) or not model_name.strip():
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
@@ -53,18 +54,23 @@ class RequestTracker:
         self._device_label = device_label(self._clock.device)
         self._prompt_tokens = prompt_tokens
         self._arrival = arrival
+        self._max_new_tokens = max_new_tokens
         self._request: Request | None = None
         self._context_token = None
         self._finished = False
 
     def __enter__(self) -> RequestTracker:
         try:
-            arrival, open_arrival = self._arrival, ARRIVAL.get()
-            if open_arrival is not None:
-                claimed = open_arrival.claim()
-                arrival = claimed if arrival is None else arrival
             live = LiveTokens(Known([self._prompt_tokens]), 1, math.inf)
-            self._request = Request(self._series, self._clock, live=live, arrival=arrival)
+            request = Request(
+                self._series, self._clock, live=live, arrival=self._arrival, token_limit=self._max_new_tokens
+            )
+            self._request = request
+            open_arrival = ARRIVAL.get()
+            if open_arrival is not None:
+                claimed = open_arrival.claim(self._series, request.cancel)
+                if self._arrival is None:
+                    request.arrived(claimed)
             self._context_token = CURRENT_REQUEST.set(self._request)
         except Exception as exc:
             self._errors.report("track", exc)
@@ -85,8 +91,8 @@ class RequestTracker:
             self._errors.report("track", exc)
 
     def finish(self, status: str = "ok") -> None:
-        """End the request now with ``status`` (ok, error, oom, cancelled); leaving the block does it
-        otherwise."""
+        """End the request now with ``status`` (see ``llm_requests_total``: ok, error, oom, cancelled,
+        rejected, server_error); leaving the block does it otherwise."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
         request = self._request
@@ -121,13 +127,16 @@ def track_request(
     registry: CollectorRegistry | None = None,
     config: InstrumentConfig | None = None,
     arrival: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> RequestTracker:
     """Track one request of a hand-written decode loop; see the module documentation.
 
     ``arrival``: ``time.perf_counter()`` when the request reached the server (default: the arrival
     opened by the middleware or :func:`~inferwatch.instrumentation.arrival.request_arrival`, if any);
     TTFT and end-to-end latency are then measured from it and its queue time observed.
+    ``max_new_tokens``: the token steps the loop may run, where it has a limit: a request that ran them
+    all finished for ``length`` (``llm_requests_finished_total``), else for ``stop``.
     ``device``: where the tokens are computed (``"cuda:0"``: token times from CUDA events; None or
     ``"cpu"``: host clock). ``registry``/``config`` as for :func:`~inferwatch.instrumentation.instrument`.
     """
-    return RequestTracker(model_name, prompt_tokens, device, registry, config, arrival)
+    return RequestTracker(model_name, prompt_tokens, device, registry, config, arrival, max_new_tokens)

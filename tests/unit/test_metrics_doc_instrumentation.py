@@ -11,6 +11,7 @@ On a GPU machine the same test runs on CUDA too, where every documented metric m
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ import torch
 from inferwatch.instrumentation import InstrumentationHandle, InstrumentConfig, instrument
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.exposition import start_http_server
+from inferwatch.instrumentation.middleware import ArrivalMiddleware
 from inferwatch.instrumentation.models import build_model, encode_text
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,6 +82,28 @@ def live_model(
         handle.remove()
 
 
+def serve_one_http_request(model: torch.nn.Module, prompt: torch.Tensor, registry: CollectorRegistry) -> None:
+    """One request through the ASGI middleware (what the server sent: llm_response_*), driven as a server
+    drives an application: its body, then its response sent."""
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await receive()
+        await asyncio.to_thread(model.generate, prompt, max_new_tokens=3, do_sample=False)
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"tokens", "more_body": False})
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": []}
+    asyncio.run(ArrivalMiddleware(app, registry=registry)(scope, receive, send))
+
+
 def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     live_model: tuple[torch.nn.Module, InstrumentationHandle, CollectorRegistry],
     monkeypatch: pytest.MonkeyPatch,
@@ -98,6 +122,7 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     monkeypatch.setattr(ttft, "observe", broken_observe)
     model.generate(prompts[1:], attention_mask=mask[1:], max_new_tokens=3, do_sample=False)
     monkeypatch.undo()
+    serve_one_http_request(model, prompts[:1], registry)
     # Continuous batching: its paged cache is reported while its manager is alive.
     manager = model.init_continuous_batching(
         generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 import requests
 import torch
-import uvicorn
 from inferwatch.instrumentation import InstrumentationHandle, instrument
 from inferwatch.instrumentation.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from inferwatch.instrumentation.models import build_model, encode_text
@@ -40,7 +38,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from transformers.generation.streamers import BaseStreamer
 
-from tests.support.services import wait_until
+from tests.support.asgi_server import serve_asgi
 
 pytestmark = pytest.mark.integration
 
@@ -185,30 +183,6 @@ def wsgi_app(backend: Backend, *, middleware: bool) -> Callable[..., Any]:
 # --------------------------------------------------------------------------------------------- the servers
 
 
-@contextmanager
-def serve_asgi(app: Any) -> Iterator[str]:
-    """A real uvicorn in a thread on a loopback port bound here (no race for a free port); stopped as a
-    signal would (``should_exit``), and joined."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started or not thread.is_alive(), 30, "uvicorn to start", interval=0.02)
-        assert server.started, "uvicorn exited before it started"
-        yield f"http://127.0.0.1:{port}/generate"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not shut down"
-
-
 class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
@@ -334,7 +308,8 @@ def check_concurrent_requests(
 @pytest.mark.timeout(120)
 def test_asgi_requests_are_timed_from_their_arrival(model, registry, handle) -> None:
     backend = Backend(model)
-    with serve_asgi(asgi_app(backend, middleware=True)) as url:
+    with serve_asgi(asgi_app(backend, middleware=True)) as base:
+        url = f"{base}/generate"
         timings = concurrent_fetches(url, CLIENTS)
     check_concurrent_requests(registry, handle, timings)
 
@@ -351,7 +326,8 @@ def test_wsgi_requests_are_timed_from_their_arrival(model, registry, handle) -> 
 def test_without_the_middleware_ttft_starts_at_generate(model, registry, handle) -> None:
     """The control: the request waits HELD_SECONDS on the lock, and the server's TTFT does not see it."""
     backend = Backend(model)
-    with serve_asgi(asgi_app(backend, middleware=False)) as url, ThreadPoolExecutor(1) as pool:
+    with serve_asgi(asgi_app(backend, middleware=False)) as base, ThreadPoolExecutor(1) as pool:
+        url = f"{base}/generate"
         with backend.lock:
             future = pool.submit(fetch, url, "a request that waits")
             assert backend.queued.acquire(timeout=TIMEOUT), "the request never reached the lock"
