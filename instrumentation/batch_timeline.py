@@ -145,7 +145,7 @@ class BatchTimeline:
             tracked = self._requests.get(request_id)
             if tracked is not None and tracked.state == _RUNNING:
                 tracked.state = _WAITING
-                self.series.running.dec()
+                self.series.end_running((id(self), request_id))
                 self.series.waiting.inc()
                 self.series.kv_preemptions.inc()
                 return
@@ -182,7 +182,10 @@ class BatchTimeline:
             tracked = self._requests.get(request_id)
             if tracked is None or tracked.state is None:
                 return
-            (self.series.running if tracked.state == _RUNNING else self.series.waiting).dec()
+            if tracked.state == _RUNNING:
+                self.series.end_running((id(self), request_id))
+            else:
+                self.series.waiting.dec()
             tracked.state = None
             self._pending.append(_Finish(request_id, status, generated, at))
 
@@ -223,7 +226,7 @@ class BatchTimeline:
                 if tracked is not None and tracked.state == _WAITING:
                     tracked.state = _RUNNING
                     self.series.waiting.dec()
-                    self.series.running.inc()
+                    self.series.begin_running((id(self), request_id), tracked.timeline.ttft_start)
                     if tracked.timeline.prefill_start is None:
                         first_scheduled.append(request_id)
                         if prefix_sharing:

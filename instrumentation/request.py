@@ -206,7 +206,7 @@ class Request:
         self.live = live or LiveTokens(None, 1, math.inf)
         self._counts: Fetched | None = None
         self._resolved = False
-        series.running.inc()
+        series.begin_running(id(self), self.timeline.ttft_start)
 
     # -- hot path: record and resolve what is already done ---------------------------------------------
 
@@ -360,7 +360,7 @@ class Request:
         self._status = status
         self._counts = counts
         series = self.series
-        series.running.dec()
+        series.end_running(id(self))
         if status == "oom":
             series.oom_events.inc()
         observations = Observations()
