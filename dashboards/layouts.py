@@ -106,8 +106,9 @@ def overview() -> models.Dashboard:
                 [
                     timeseries_panel(throughput.tokens_per_second(), min_value=0),
                     timeseries_panel(throughput.requests_by_status(), min_value=0, stacked=True),
-                    timeseries_panel(throughput.failed_requests(), min_value=0),
-                    timeseries_panel(throughput.requests_running(), min_value=0),
+                    timeseries_panel(throughput.failed_requests(), width=8, min_value=0),
+                    timeseries_panel(throughput.requests_running(), width=8, min_value=0),
+                    timeseries_panel(throughput.oldest_running_request(), width=8, min_value=0),
                 ],
             ),
             (

@@ -145,6 +145,7 @@ class BatchTimeline:
                 self.series.waiting.inc()
             elif arrival is not None and tracked.timeline.first_token is None:
                 tracked.arrived(arrival)  # the scheduler saw it first
+                self.series.running_since((id(self), request_id), arrival)
 
     def requeue(self, state: Any) -> None:
         """The scheduler queued ``state``: a new request, or one taken off the device (preempted)."""
@@ -153,7 +154,7 @@ class BatchTimeline:
             tracked = self._requests.get(request_id)
             if tracked is not None and tracked.state == _RUNNING:
                 tracked.state = _WAITING
-                self.series.running.dec()
+                self.series.end_running((id(self), request_id))
                 self.series.waiting.inc()
                 self.series.kv_preemptions.inc()
                 return
@@ -191,7 +192,10 @@ class BatchTimeline:
             tracked = self._requests.get(request_id)
             if tracked is None or tracked.state is None:
                 return
-            (self.series.running if tracked.state == _RUNNING else self.series.waiting).dec()
+            if tracked.state == _RUNNING:
+                self.series.end_running((id(self), request_id))
+            else:
+                self.series.waiting.dec()
             tracked.state = None
             if status == "ok" and tracked.limit is not None and tracked.limit <= 0:
                 status = "rejected"  # asked for no token: the client's mistake, as in generate
@@ -238,7 +242,7 @@ class BatchTimeline:
                 if tracked is not None and tracked.state == _WAITING:
                     tracked.state = _RUNNING
                     self.series.waiting.dec()
-                    self.series.running.inc()
+                    self.series.begin_running((id(self), request_id), tracked.timeline.ttft_start)
                     if tracked.timeline.prefill_start is None:
                         first_scheduled.append(request_id)
                         if prefix_sharing:

@@ -13,6 +13,7 @@ device), the rest are fixed enumerations.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,6 +176,12 @@ INSTRUMENTATION_ERRORS = _counter(
 REQUESTS_RUNNING = _gauge(
     "llm_requests_running", "requests", M, "livesum", "Requests inside generate (or a tracked request) now."
 )
+OLDEST_RUNNING_AGE = _gauge(
+    "llm_request_oldest_running_age_seconds", "seconds", M, "livemax",
+    "Age of the oldest request counted in llm_requests_running: now minus its arrival at the server "
+    "(where known) or else its entry into generate, computed when scraped; 0 while none runs. In "
+    "multiprocess mode: as of the worker's last update (a request starting or ending, a step, a poll).",
+)  # fmt: skip
 REQUESTS_WAITING = _gauge(
     "llm_requests_waiting", "requests", M, "livesum",
     "Requests that arrived at the server for this model and have not entered generate yet (queued).",
@@ -277,7 +284,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, TPOT, MAX_ITL, E2E, PREFILL, DECODE, QUEUE, FORWARD, PROMPT_TOKENS_HIST,
     GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS,
     WASTED_TOKENS, RESPONSE_FIRST_CONTENT, RESPONSE_LAST_BYTE,
-    OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, REQUESTS_WAITING,
+    OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, OLDEST_RUNNING_AGE, REQUESTS_WAITING,
     KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
     KV_CACHE_CAPACITY_BYTES, KV_CACHE_PREFIX_TOKENS, KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS,
     TORCH_MEMORY, GPU_BUSY, GPU_BUSY_UNAVAILABLE, FORWARD_TIME_RATIO, DECODE_BANDWIDTH,
@@ -315,6 +322,7 @@ class Metrics:
         #: Called at the start of every scrape of the registry, before any family is read.
         self.before_scrape: list[Callable[[], None]] = []
         registry.register(_BeforeScrape(self.before_scrape))
+        self.before_scrape.append(self._refresh_running_ages)
         self._families: dict[str, MetricWrapperBase] = {}
         for spec in CATALOGUE:
             self._families[spec.name] = self._create(spec)
@@ -334,6 +342,12 @@ class Metrics:
 
     def __getitem__(self, spec: MetricSpec) -> MetricWrapperBase:
         return self._families[spec.name]
+
+    def _refresh_running_ages(self) -> None:
+        """Every model's oldest running request's age, as of this scrape (series.ModelSeries)."""
+        now = time.perf_counter()
+        for series in tuple(self.model_series.values()):
+            series.refresh_running_age(now)
 
 
 _metrics_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, Metrics] = weakref.WeakKeyDictionary()

@@ -113,6 +113,7 @@ class ModelPoller:
             now = time.perf_counter()
             wall, self._last = now - self._last, now
             window = self._series.take_window(self._label)
+            self._series.refresh_running_age_between_scrapes()
             model, labels = self._series.name, self._labels
             if wall > 0:
                 self._forward_time.labels(model, *labels).set(min(1.0, window.forward_seconds / wall))

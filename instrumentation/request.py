@@ -214,7 +214,7 @@ class Request:
         self.live = live or LiveTokens(None, 1, math.inf)
         self._counts: Fetched | None = None
         self._resolved = False
-        series.running.inc()
+        series.begin_running(id(self), self.timeline.ttft_start)
 
     # -- hot path: record and resolve what is already done ---------------------------------------------
 
@@ -247,6 +247,7 @@ class Request:
         before): TTFT and E2E start there, and its queue time is observed."""
         if arrival is not None:
             self.timeline.ttft_start = self.timeline.arrival = arrival
+            self.series.running_since(id(self), arrival)
 
     def mark_tokens_at_sampling(self) -> None:
         """From now on generate's criteria mark each token after sampling; its forwards bring none."""
@@ -390,7 +391,7 @@ class Request:
                 return False
             self._status = status
         series = self.series
-        series.running.dec()
+        series.end_running(id(self))
         if status == "oom":
             series.oom_events.inc()
         observations = Observations()

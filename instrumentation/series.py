@@ -13,6 +13,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,13 @@ class ModelSeries:
         self.generation_tokens = bind(cat.GENERATION_TOKENS)
         self.oom_events = bind(cat.OOM_EVENTS)
         self.running = bind(cat.REQUESTS_RUNNING)
+        self.oldest_running_age = bind(cat.OLDEST_RUNNING_AGE)
+        #: Running requests' start times (perf_counter: arrival or entry), by a key of the caller's: plain
+        #: floats, so a request (and its tensors) is never kept alive here; as many as llm_requests_running.
+        self._running_since: dict[Hashable, float] = {}
+        # The scraping process of multiprocess mode reads files, so scrape-time callbacks never run here:
+        # the age is written whenever this process has a reason to (see refresh_running_age_between_scrapes).
+        self._multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.waiting = bind(cat.REQUESTS_WAITING)
         self.kv_bytes = bind(cat.KV_CACHE_BYTES)
         self.kv_capacity = bind(cat.KV_CACHE_CAPACITY_TOKENS)
@@ -108,6 +116,46 @@ class ModelSeries:
         self._last_beat = 0.0
         self._lock = threading.Lock()
         self._totals = _LiveTotals()
+
+    def begin_running(self, key: Hashable, since: float) -> None:
+        """The request known by ``key`` runs from now on, since ``since`` (perf_counter: its arrival at
+        the server where known, else its entry): counted in llm_requests_running, its age in
+        llm_request_oldest_running_age_seconds. Once per key until :meth:`end_running`."""
+        with self._lock:
+            if key in self._running_since:
+                return
+            self._running_since[key] = since
+            self.running.inc()
+        self.refresh_running_age_between_scrapes()
+
+    def running_since(self, key: Hashable, since: float) -> None:
+        """The running request known by ``key`` started earlier than it said: at ``since``."""
+        with self._lock:
+            if key in self._running_since:
+                self._running_since[key] = since
+
+    def end_running(self, key: Hashable) -> None:
+        """The request known by ``key`` stopped running (ended, or went back to waiting)."""
+        with self._lock:
+            if self._running_since.pop(key, None) is None:
+                return
+            self.running.dec()
+        self.refresh_running_age_between_scrapes()
+
+    def refresh_running_age(self, now: float | None = None) -> None:
+        """Set the oldest running request's age as of ``now`` (perf_counter; default: now); 0 when none
+        runs, so that "no request" is a value an alert compares against, not a missing series."""
+        if now is None:
+            now = time.perf_counter()
+        with self._lock:  # the set and the gauge change together: a concurrent end cannot be undone
+            oldest = min(self._running_since.values(), default=None)
+            self.oldest_running_age.set(0.0 if oldest is None else max(0.0, now - oldest))
+
+    def refresh_running_age_between_scrapes(self) -> None:
+        """In multiprocess mode only, where no scrape reaches this process: refresh the age now (at
+        starts and ends, heartbeats and polls); a scrape does it otherwise."""
+        if self._multiprocess:
+            self.refresh_running_age()
 
     def update_kv(self, old: KVCacheSize | None, new: KVCacheSize | None) -> None:
         """Replace one request's contribution to the live KV-cache totals."""
@@ -148,6 +196,7 @@ class ModelSeries:
         if now - self._last_beat < HEARTBEAT_RESOLUTION_SECONDS:
             return
         self._last_beat = now
+        self.refresh_running_age_between_scrapes()
         if self._last_step is None:
             self._last_step = self.metrics[cat.LAST_STEP].labels(self.name)
         self._last_step.set(now)
@@ -392,6 +441,7 @@ _BY_DEVICE = "device"
 _LIVE_GAUGES: tuple[tuple[cat.MetricSpec, tuple[str | tuple[str, ...], ...]], ...] = (
     # (family, for each label after `model` its values: every device the model ran on, or fixed ones)
     (cat.REQUESTS_RUNNING, ()),
+    (cat.OLDEST_RUNNING_AGE, ()),
     (cat.REQUESTS_WAITING, ()),
     (cat.KV_CACHE_BYTES, ()),
     (cat.KV_CACHE_CAPACITY_TOKENS, ()),

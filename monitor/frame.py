@@ -1,10 +1,11 @@
 """What one screen of ``inferwatch top`` shows, computed from two scrape rounds.
 
 Instant values (utilization, SM activity, memory, power, clocks, temperatures, running and waiting
-requests, KV bytes, a paged KV cache's used blocks, busy ratio) come from the later round. Rates (tokens/s,
-preemptions, CPU) and latency percentiles (TTFT, queue time, ITL) come from the difference between the
-rounds: the percentiles are those of the tokens and requests that completed in the window, from the
-histogram buckets that grew, not of everything since the process started.
+requests, the oldest running request's age, KV bytes, a paged KV cache's used blocks, busy ratio) come
+from the later round. Rates (tokens/s, preemptions, CPU) and latency percentiles (TTFT, queue time, ITL)
+come from the difference between the rounds: the percentiles are those of the tokens and requests that
+completed in the window, from the histogram buckets that grew, not of everything since the process
+started.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ModelRow:
     tokens_per_second: float | None
     requests_running: float | None
     requests_waiting: float | None  # arrived and not in generate yet, where the server reports it
+    oldest_running_age_seconds: float | None  # since the oldest running request arrived; 0: none runs
     kv_cache_bytes: float | None
     kv_cache_headroom_tokens: float | None
     kv_blocks_used_ratio: float | None  # a paged KV cache (continuous batching): used / total blocks
@@ -132,6 +134,7 @@ _MODEL_FIELDS: dict[str, Expr] = {
     "tokens_per_second": q.TOKENS_RATE,
     "requests_running": q.RUNNING,
     "requests_waiting": q.WAITING,
+    "oldest_running_age_seconds": q.OLDEST_RUNNING_AGE,
     "kv_cache_bytes": q.KV_BYTES,
     "kv_cache_headroom_tokens": q.KV_HEADROOM,
     "kv_blocks_used_ratio": q.KV_BLOCKS_USED_SHARE,

@@ -45,6 +45,8 @@ TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), MODEL)
 TOTAL_TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), ())
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
+# How long ago the oldest running request arrived (0 while none runs): one request that does not end.
+OLDEST_RUNNING_AGE = Gauge(Selector(names.LLM_REQUEST_OLDEST_RUNNING_AGE_SECONDS), MODEL, "max")
 # The share of wall time the GPU ran the serving process's kernels (NVML); GPU models only.
 BUSY = Gauge(Selector(names.LLM_GPU_BUSY_RATIO), MODEL, "avg")
 # Per serving process and GPU: every model of a process shows the process's share of its GPU.

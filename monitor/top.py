@@ -108,7 +108,8 @@ GPU_COLUMNS = (
 )  # fmt: skip
 MODEL_COLUMNS = (
     "model", "instance", "device", "GPU: clock", "TTFT p50 / p99", "queue p99", "ITL p50 / p99",
-    "tok/s", "running", "waiting", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s", "busy",
+    "tok/s", "running", "waiting", "oldest", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s",
+    "busy",
 )  # fmt: skip
 
 
@@ -156,6 +157,17 @@ def _gpu_cells(row: GpuRow) -> list[Any]:
     ]
 
 
+def _age(seconds: float) -> str:
+    """A request's age to the second: ``0 s`` (none runs, or under a second), ``42 s``, ``12m 05s``,
+    ``1.5 h``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        minutes, rest = divmod(int(seconds), 60)
+        return f"{minutes}m {rest:02d}s"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _model_cells(row: ModelRow) -> list[Any]:
     from rich.text import Text
 
@@ -167,6 +179,8 @@ def _model_cells(row: ModelRow) -> list[Any]:
     limits = default_thresholds()
     queueing = (row.requests_waiting or 0) > limits.requests_waiting_above
     queue_long = (row.queue_p99_seconds or 0) > limits.queue_seconds_above
+    # InferwatchRequestStuck's bound: a request that has run longer than any should.
+    stuck = (row.oldest_running_age_seconds or 0) > limits.request_age_seconds_above
     # A paged KV cache (continuous batching) only: InferwatchKvCacheNearlyFull's and
     # InferwatchKvCachePreemptions' thresholds. A model served by generate has no blocks, and its
     # preemption counter (if any) stays at zero: both cells are "-".
@@ -189,6 +203,7 @@ def _model_cells(row: ModelRow) -> list[Any]:
         _or_dash(row.tokens_per_second, lambda v: f"{v:.1f}"),
         _or_dash(row.requests_running, number),
         Text(_or_dash(row.requests_waiting, number), style="yellow" if queueing else ""),
+        Text(_or_dash(row.oldest_running_age_seconds, _age), style="yellow" if stuck else ""),
         _or_dash(row.kv_cache_bytes, size),
         _or_dash(row.kv_cache_headroom_tokens, number),
         Text(_or_dash(row.kv_blocks_used_ratio, percent), style="yellow" if nearly_full else ""),

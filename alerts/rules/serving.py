@@ -1,5 +1,5 @@
-"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine,
-requests queueing for a model."""
+"""Serving: a host-bound model, a serving process that saturates its CPU core, a stalled engine, a request
+that has run too long, requests queueing for a model."""
 
 from __future__ import annotations
 
@@ -67,6 +67,22 @@ def _engine_stalled(p: Params) -> list[AlertRule]:
             f"{MODEL} has made no progress for {VALUE_DURATION}.",
             f"{MODEL} has requests in flight but ran no forward pass for {VALUE_DURATION} (threshold "
             f"{num(p['stall_seconds_above'])}s): the engine is hung.",
+        )
+    ]
+
+
+@GROUP.alert("InferwatchRequestStuck")
+def _request_stuck(p: Params) -> list[AlertRule]:
+    age = p.serving(names.LLM_REQUEST_OLDEST_RUNNING_AGE_SECONDS)
+    expr = promql.aggregate("max", age, PER_MODEL).gt(p["age_seconds_above"])
+    return [
+        p.rule(
+            expr,
+            f"A request to {MODEL} has been running for {VALUE_DURATION}.",
+            f"The oldest request running on {MODEL} arrived {VALUE_DURATION} ago (threshold "
+            f"{num(p['age_seconds_above'])}s). Whether or not it still makes progress, it holds its place "
+            "on the server: a sequential server (transformers serve without continuous batching) serves "
+            "nobody else until it ends.",
         )
     ]
 

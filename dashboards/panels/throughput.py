@@ -1,5 +1,5 @@
 """Throughput and errors: tokens per second, requests by status, failed and cancelled requests, running
-and waiting requests."""
+and waiting requests, the oldest running request's age."""
 
 from __future__ import annotations
 
@@ -66,6 +66,19 @@ def requests_running() -> PanelSpec:
         "short",
         normal(),
         [query(per_model("sum", names.LLM_REQUESTS_RUNNING), MODEL_LEGEND)],
+    )
+
+
+def oldest_running_request() -> PanelSpec:
+    limit = alert_settings("InferwatchRequestStuck")["age_seconds_above"]
+    return PanelSpec(
+        "Oldest running request",
+        "How long ago the oldest running request arrived (where the server reports arrivals, else since it "
+        "entered generate); 0 while none runs. A steady climb is one request that does not end, e.g. a huge "
+        f"max_tokens holding a sequential server. InferwatchRequestStuck fires above {limit:g} s.",
+        "s",
+        above(limit),
+        [query(per_model("max", names.LLM_REQUEST_OLDEST_RUNNING_AGE_SECONDS), MODEL_LEGEND)],
     )
 
 

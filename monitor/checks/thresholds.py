@@ -27,6 +27,8 @@ class Thresholds:
     requests_running_above: float
     #: InferwatchRequestsQueueing.requests_waiting_above: more requests than this waiting is a queue.
     requests_waiting_above: float
+    #: InferwatchRequestStuck.age_seconds_above: a running request older than this has run too long.
+    request_age_seconds_above: float
     #: InferwatchQueueTimeHigh.seconds_above: a p99 queue time above this is a queue.
     queue_seconds_above: float
     #: InferwatchGpuHardwareSlowdown.reasons: clocks-event reasons that mean the hardware cut the clocks.
@@ -61,6 +63,7 @@ class Thresholds:
             busy_ratio_below=host_bound["busy_ratio_below"],
             requests_running_above=host_bound["requests_running_above"],
             requests_waiting_above=alerts["InferwatchRequestsQueueing"]["requests_waiting_above"],
+            request_age_seconds_above=alerts["InferwatchRequestStuck"]["age_seconds_above"],
             queue_seconds_above=alerts["InferwatchQueueTimeHigh"]["seconds_above"],
             hardware_reasons=frozenset(alerts["InferwatchGpuHardwareSlowdown"]["reasons"]),
             software_reasons=frozenset(alerts["InferwatchGpuClocksThrottled"]["reasons"]),

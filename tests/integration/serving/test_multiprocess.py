@@ -1,15 +1,21 @@
 """Multiprocess mode with real worker processes: the endpoint serves the sum of every worker, and a dead
-worker's live gauges leave it."""
+worker's live gauges leave it; the oldest running request's age comes through as its worker wrote it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from inferwatch.instrumentation.exposition import MULTIPROC_DIR_ENV, mark_process_dead, start_http_server
+from inferwatch.instrumentation.exposition import (
+    MULTIPROC_DIR_ENV,
+    mark_process_dead,
+    multiprocess_registry,
+    start_http_server,
+)
 
 from tests.support import http_get, sample_value
 
@@ -66,3 +72,51 @@ def test_multiprocess_mode_sums_two_worker_processes(tmp_path: Path, monkeypatch
         body = http_get(server.url)[1]
         assert sample_value(body, "llm_requests_running", model="pooled") is None
         assert sample_value(body, "llm_generation_tokens_total", model="pooled") == 14
+
+
+# A worker holding one tracked request that arrived 30 s before it started, until the test says so.
+HELD_WORKER = """
+import sys, time
+from inferwatch.instrumentation import track_request
+
+with track_request(model_name="held", arrival=time.perf_counter() - 30.0) as req:
+    req.token()
+    print("running", flush=True)
+    sys.stdin.readline()
+print("done", flush=True)
+"""
+
+
+def test_multiprocess_mode_has_the_oldest_running_requests_age(tmp_path: Path) -> None:
+    """No scrape reaches a worker: it writes the age itself (here when its request starts and at its
+    token's heartbeat), and the endpoint shows it as written, not younger than at that moment."""
+    multiproc_dir = tmp_path / "multiproc"
+    multiproc_dir.mkdir()
+    env = {**os.environ, MULTIPROC_DIR_ENV: str(multiproc_dir)}
+    spawned = time.perf_counter()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HELD_WORKER],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout.readline() == "running\n"
+        aggregate = multiprocess_registry(multiproc_dir)
+        age = aggregate.get_sample_value("llm_request_oldest_running_age_seconds", {"model": "held"})
+        assert 30.0 <= age <= 30.0 + (time.perf_counter() - spawned)
+        assert aggregate.get_sample_value("llm_requests_running", {"model": "held"}) == 1
+        worker.stdin.write("\n")
+        worker.stdin.flush()
+        assert worker.stdout.readline() == "done\n"
+        assert aggregate.get_sample_value("llm_request_oldest_running_age_seconds", {"model": "held"}) == 0
+        assert aggregate.get_sample_value("llm_requests_running", {"model": "held"}) == 0
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        worker.wait()
+    mark_process_dead(worker.pid, multiproc_dir)
+    aggregate = multiprocess_registry(multiproc_dir)
+    assert aggregate.get_sample_value("llm_request_oldest_running_age_seconds", {"model": "held"}) is None

@@ -64,6 +64,7 @@ class ServingProcess:
         self.tokens = Counter("llm_generation_tokens", "", ["model"], registry=r)
         Gauge("llm_requests_running", "", ["model"], registry=r).labels("llama").set(3)
         Gauge("llm_requests_waiting", "", ["model"], registry=r).labels("llama").set(7)
+        Gauge("llm_request_oldest_running_age_seconds", "", ["model"], registry=r).labels("llama").set(725.4)
         Gauge("llm_kv_cache_bytes", "", ["model"], registry=r).labels("llama").set(3 * 2**20)
         d = ["model", "device", "uuid"]
         Gauge("llm_gpu_busy_ratio", "", d, registry=r).labels("llama", "cuda:0", "GPU-0").set(0.3)
@@ -88,7 +89,7 @@ def two_rounds() -> tuple:
 
 def rendered(frame: object) -> str:
     out = io.StringIO()
-    Console(file=out, width=200).print(top.render(frame))
+    Console(file=out, width=220).print(top.render(frame))
     return out.getvalue()
 
 
@@ -119,6 +120,7 @@ def test_frame_values() -> None:
     # Seven arrived requests wait; the window's one queue time lies in (1, 2]: p99 near its top.
     assert model.requests_waiting == 7
     assert model.queue_p99_seconds == pytest.approx(1.99)
+    assert model.oldest_running_age_seconds == 725.4
 
 
 def test_first_frame_has_no_rates() -> None:
@@ -156,6 +158,19 @@ def test_waiting_and_queue_time_above_the_alert_thresholds_are_yellow() -> None:
     quiet = top._model_cells(dataclasses.replace(model, requests_waiting=4, queue_p99_seconds=None))
     assert quiet[top.MODEL_COLUMNS.index("waiting")].style == ""
     assert str(quiet[top.MODEL_COLUMNS.index("queue p99")]) == "-"
+
+
+def test_a_request_older_than_the_stuck_bound_is_yellow() -> None:
+    (model,) = build_frame(*two_rounds()).models
+    oldest = top._model_cells(model)[top.MODEL_COLUMNS.index("oldest")]
+    assert (str(oldest), oldest.style) == ("12m 05s", "yellow")  # InferwatchRequestStuck: above 600 s
+    cases = ((600.0, "10m 00s", ""), (0.0, "0 s", ""), (42.4, "42 s", ""), (5400.0, "1.5 h", "yellow"))
+    for age, shown, style in cases:
+        cell = top._model_cells(dataclasses.replace(model, oldest_running_age_seconds=age))
+        oldest = cell[top.MODEL_COLUMNS.index("oldest")]
+        assert (str(oldest), oldest.style) == (shown, style)
+    none = top._model_cells(dataclasses.replace(model, oldest_running_age_seconds=None))
+    assert str(none[top.MODEL_COLUMNS.index("oldest")]) == "-"
 
 
 def paged_rounds() -> tuple:
