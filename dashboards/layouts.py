@@ -108,6 +108,12 @@ def overview() -> models.Dashboard:
                     timeseries_panel(throughput.requests_by_status(), min_value=0, stacked=True),
                     timeseries_panel(throughput.failed_requests(), min_value=0),
                     timeseries_panel(throughput.requests_running(), min_value=0),
+                    timeseries_panel(
+                        throughput.speculative_acceptance(),
+                        min_value=0,
+                        max_value=1,
+                        no_value=throughput.NO_SPECULATION,
+                    ),
                 ],
             ),
             (

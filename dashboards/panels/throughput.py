@@ -1,5 +1,5 @@
 """Throughput and errors: tokens per second, requests by status, failed and cancelled requests, running
-and waiting requests."""
+and waiting requests, and speculative decoding's acceptance rate."""
 
 from __future__ import annotations
 
@@ -79,4 +79,23 @@ def requests_waiting() -> PanelSpec:
         "short",
         above(limit),
         [query(per_model("sum", names.LLM_REQUESTS_WAITING), MODEL_LEGEND)],
+    )
+
+
+#: What the acceptance-rate panel says for models that do not speculate (they have no such series).
+NO_SPECULATION = "No speculative decoding"
+
+
+def speculative_acceptance() -> PanelSpec:
+    accepted = per_model_rate(names.LLM_SPEC_DECODE_ACCEPTED_TOKENS_TOTAL)
+    drafted = per_model_rate(names.LLM_SPEC_DECODE_DRAFT_TOKENS_TOTAL)
+    return PanelSpec(
+        "Speculative decoding acceptance",
+        "Share of draft tokens the model accepted (assisted generation with assistant_model=, prompt "
+        "lookup): accepted / proposed draft tokens per second. Each verification round also yields one "
+        "token of the model's own, so a low rate still makes progress, but the draft's forwards and the "
+        "wider verification forward are then mostly wasted. Only models that speculate have these series.",
+        "percentunit",
+        normal(),
+        [query(accepted / drafted, MODEL_LEGEND)],
     )
