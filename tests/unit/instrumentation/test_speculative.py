@@ -42,14 +42,14 @@ def prompt() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones_like(ids)
 
 
-def generate(model: torch.nn.Module, **kwargs) -> torch.Tensor:
+def generate(model: torch.nn.Module, *, do_sample: bool = False, **kwargs) -> torch.Tensor:
     ids, mask = prompt()
     return model.generate(
         ids,
         attention_mask=mask,
         max_new_tokens=NEW_TOKENS,
         min_new_tokens=NEW_TOKENS,
-        do_sample=False,
+        do_sample=do_sample,
         **kwargs,
     )
 
@@ -176,3 +176,24 @@ def test_removed_instrumentation_leaves_no_wrapper(llama, instrumented) -> None:
     assert "_get_candidate_generator" in vars(llama)
     handle.remove()
     assert "_get_candidate_generator" not in vars(llama)
+
+
+def test_speculative_sampling_counts_what_transformers_kept(
+    llama, draft, registry, instrumented, monkeypatch
+) -> None:
+    # do_sample=True with the draft's logits: speculative sampling (_speculative_sampling), same seed.
+    torch.manual_seed(7)
+    reference = generate(llama, assistant_model=draft, do_sample=True)
+    rounds = Rounds(monkeypatch, AssistedCandidateGenerator)
+    handle = instrumented(llama, model_name="main")
+    instrumented(draft, model_name="draft")
+    torch.manual_seed(7)
+    out = generate(llama, assistant_model=draft, do_sample=True)
+    assert handle.flush()
+    assert torch.equal(out, reference)  # inferwatch draws no random numbers
+    assert metric(registry, "llm_requests_total", model="main") == 1
+    assert metric(registry, "llm_requests_total", model="draft") == 0
+    assert metric(registry, "llm_spec_decode_draft_tokens_total", model="main") == sum(rounds.drafted)
+    assert metric(registry, "llm_spec_decode_accepted_tokens_total", model="main") == sum(rounds.matches)
+    assert metric(registry, "llm_generation_tokens_total", model="main") == NEW_TOKENS
+    assert not metric(registry, "llm_instrumentation_errors_total")
