@@ -188,6 +188,10 @@ def eq(name: str, value: str) -> Matcher:
     return Matcher(name, value, "=")
 
 
+def ne(name: str, value: str) -> Matcher:
+    return Matcher(name, value, "!=")
+
+
 def regex(name: str, value: str) -> Matcher:
     return Matcher(name, value, "=~")
 

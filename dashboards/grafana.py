@@ -114,10 +114,17 @@ def timeseries_panel(
     width: int = 12,
     height: int = 8,
     min_value: float | None = None,
+    max_value: float | None = None,
     stacked: bool = False,
+    no_value: str | None = None,
 ) -> timeseries.Panel:
-    """A time series; thresholds are drawn as dashed lines when there is more than a base color."""
+    """A time series; thresholds are drawn as dashed lines when there is more than a base color.
+    ``no_value``: what the panel says where no series exists (a feature the models do not use)."""
     panel = _described(timeseries.Panel(), spec, width, height).legend(_legend())
+    if no_value is not None:
+        panel = panel.no_value(no_value)
+    if max_value is not None:
+        panel = panel.max(max_value)
     if len(spec.thresholds) > 1:
         panel = panel.thresholds_style(
             common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED)

@@ -109,6 +109,13 @@ def overview() -> models.Dashboard:
                     timeseries_panel(throughput.failed_requests(), width=8, min_value=0),
                     timeseries_panel(throughput.requests_running(), width=8, min_value=0),
                     timeseries_panel(throughput.oldest_running_request(), width=8, min_value=0),
+                    timeseries_panel(throughput.finish_reasons(), min_value=0, stacked=True),
+                    timeseries_panel(
+                        throughput.speculative_acceptance(),
+                        min_value=0,
+                        max_value=1,
+                        no_value=throughput.NO_SPECULATION,
+                    ),
                 ],
             ),
             (

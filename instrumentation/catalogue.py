@@ -159,6 +159,17 @@ GENERATION_TOKENS = _counter(
     "Tokens generated, up to and including EOS (padding after EOS excluded), counted as they are produced "
     "and made exact when the request ends.",
 )  # fmt: skip
+SPEC_DRAFT_TOKENS = _counter(
+    "llm_spec_decode_draft_tokens_total", "tokens", M,
+    "Speculative decoding in generate (assistant_model=, prompt_lookup_num_tokens=): draft tokens "
+    "proposed to the model for verification, summed over rounds. Absent for a model that never "
+    "speculated.",
+)  # fmt: skip
+SPEC_ACCEPTED_TOKENS = _counter(
+    "llm_spec_decode_accepted_tokens_total", "tokens", M,
+    "Speculative decoding in generate: draft tokens the model accepted (kept in its output), summed over "
+    "rounds; accepted / draft is the acceptance rate.",
+)  # fmt: skip
 OOM_EVENTS = _counter(
     "llm_oom_events_total", "events", M,
     "Out-of-memory errors raised by the model (torch.cuda.OutOfMemoryError or an allocator message).",
@@ -290,6 +301,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     TORCH_MEMORY, GPU_BUSY, GPU_BUSY_UNAVAILABLE, FORWARD_TIME_RATIO, DECODE_BANDWIDTH,
     PREFILL_FLOPS, NVML_GPU_UTILIZATION, NVML_MEMORY_USED, NVML_MEMORY_TOTAL, NVML_PROCESS_MEMORY,
     MODEL_INFO, LAST_STEP,
+    SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS,
 )  # fmt: skip
 
 

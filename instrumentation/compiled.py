@@ -107,6 +107,7 @@ class CompiledPath:
             or request.owner is not model
             or request.forwards < 2
             or not request.kv_static
+            or request.speculation is not None  # an assisted round's tokens are its criteria mark's
             or not model.active
         ):
             return None

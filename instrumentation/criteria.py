@@ -53,7 +53,9 @@ def token_marking_criteria() -> type | None:
             request = self._request
             if request.decode_run is None:
                 try:
-                    request.mark_tokens(self._model.placement.label, 1)
+                    speculation = request.speculation  # an assisted round brings its kept tokens + 1
+                    tokens = 1 if speculation is None else speculation.round_tokens()
+                    request.mark_tokens(self._model.placement.label, tokens)
                 except Exception as exc:
                     self._model.errors.report("token_mark", exc)
             else:

@@ -23,6 +23,7 @@ STAGES = (
     "generate_enter",  # starting a request in the generate wrapper
     "generate_exit",  # finishing a request (token counts, end-to-end latency)
     "token_mark",  # the sampled-token mark (a stopping criterion added to generate)
+    "speculative",  # assisted generation's rounds (draft and accepted tokens)
     "track",  # the request-tracking API
     "batching",  # continuous batching's hooks (requests, steps, deliveries)
     "resolve",  # turning device events into observations

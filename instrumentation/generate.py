@@ -15,6 +15,7 @@ from inferwatch.instrumentation.compiled import CompiledPath
 from inferwatch.instrumentation.instrumented import InstrumentedModel
 from inferwatch.instrumentation.profiling import CAPTURES
 from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
+from inferwatch.instrumentation.speculative import drafts_for_another, generate_as_draft
 from inferwatch.instrumentation.tokens import (
     LiveTokens,
     every_row_generates,
@@ -42,6 +43,8 @@ class GenerateWrapper:
             current = CURRENT_REQUEST.get()
             if current is not None and current.owner is model:  # generate re-entered from inside itself
                 return original(*args, **kwargs)
+            if drafts_for_another(model, current):  # a draft model's: part of that request, not traffic
+                return generate_as_draft(original, args, kwargs)
             request = self._begin(entry, args, kwargs)
             if request is None:
                 return original(*args, **kwargs)

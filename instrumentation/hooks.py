@@ -4,6 +4,8 @@
 * ``generate``: an instance attribute wrapping the original (:mod:`.generate`);
 * ``_get_stopping_criteria``: the criteria generate calls after sampling mark each token (:mod:`.criteria`);
 * ``get_compiled_call``: generate's compiled decode step, timed from around it (:mod:`.compiled`);
+* ``_get_candidate_generator``: assisted generation's rounds, their draft and accepted tokens
+  (:mod:`.speculative`);
 * ``init_continuous_batching``: the managers it returns, followed request by request and step by step
   (:mod:`.batching`).
 
@@ -40,6 +42,7 @@ from inferwatch.instrumentation.forward_hooks import ForwardHooks
 from inferwatch.instrumentation.generate import GenerateWrapper
 from inferwatch.instrumentation.instrumented import InstrumentedModel
 from inferwatch.instrumentation.series import forget_series
+from inferwatch.instrumentation.speculative import wrap_candidate_generator
 from inferwatch.instrumentation.worker import BACKGROUND
 from inferwatch.instrumentation.wrapping import unwrap_method, wrap_method
 from prometheus_client import CollectorRegistry
@@ -95,6 +98,8 @@ class ModelInstrumentation:
         self._wrap(module, "generate", self.generate.wrap)
         if token_marking_criteria() is not None and generates_like_transformers(module):
             self._wrap(module, "_get_stopping_criteria", functools.partial(wrap_stopping_criteria, model))
+        if callable(getattr(module, "_get_candidate_generator", None)):
+            self._wrap(module, "_get_candidate_generator", functools.partial(wrap_candidate_generator, model))
         if hasattr(module, "get_compiled_call"):
             self._wrap(module, "get_compiled_call", self.compiled.wrap)
         if hasattr(module, "init_continuous_batching"):

@@ -203,6 +203,8 @@ class Request:
         self.marks_sampling = False
         #: The decode steps generate runs through its compiled call, once their shapes are settled.
         self.decode_run: DecodeRun | None = None
+        #: An assisted generate's rounds (speculative.Speculation): how many tokens each one brings.
+        self.speculation: Any = None
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)

@@ -78,6 +78,9 @@ class ModelRow:
     kv_blocks_used_ratio: float | None  # a paged KV cache (continuous batching): used / total blocks
     kv_preemptions_per_second: float | None  # requests its scheduler took off the device to free blocks
     busy_ratio: float | None
+    # Speculative decoding (generate's assisted decoding): None where the model has no draft tokens' series.
+    spec_draft_tokens_per_second: float | None = None
+    spec_acceptance_ratio: float | None = None  # accepted / draft tokens; None where it drafted none
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ _MODEL_FIELDS: dict[str, Expr] = {
     "kv_blocks_used_ratio": q.KV_BLOCKS_USED_SHARE,
     "kv_preemptions_per_second": q.KV_PREEMPTION_RATE,
     "busy_ratio": q.BUSY,
+    "spec_draft_tokens_per_second": q.SPEC_DRAFT_RATE,
+    "spec_acceptance_ratio": q.SPEC_ACCEPTANCE,
 }
 _HOST_FIELDS: dict[str, Expr] = {
     "cpus": q.HOST_CPUS,

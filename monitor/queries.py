@@ -43,6 +43,10 @@ BATCH_MEAN = histogram_mean(Selector(names.LLM_BATCH_SIZE), MODEL)
 DECODE_FORWARD_MEAN = histogram_mean(Selector(names.LLM_FORWARD_SECONDS, (eq("phase", "decode"),)), MODEL)
 TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), MODEL)
 TOTAL_TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), ())
+# Speculative decoding in generate (assistant_model=, prompt lookup): draft tokens proposed per second, and
+# the share of them the model accepted. Only models that speculate have the series.
+SPEC_DRAFT_RATE = Rate(Selector(names.LLM_SPEC_DECODE_DRAFT_TOKENS_TOTAL), MODEL)
+SPEC_ACCEPTANCE = Ratio(Rate(Selector(names.LLM_SPEC_DECODE_ACCEPTED_TOKENS_TOTAL), MODEL), SPEC_DRAFT_RATE)
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
 # How long ago the oldest running request arrived (0 while none runs): one request that does not end.

@@ -7,7 +7,8 @@ throttle reasons, temperature against the slowdown threshold, and the models and
 serves; per model, the GPU it runs on with that GPU's SM clock share and throttle reasons (the two joined
 by the GPU's UUID, never by index or host), TTFT and ITL percentiles of the last interval and the p99
 queue time, tokens/s, running and waiting requests, KV-cache bytes and
-headroom, the blocks used and preemptions of a paged KV cache (continuous batching), and the busy ratio;
+headroom, the blocks used and preemptions of a paged KV cache (continuous batching), the busy ratio, and
+where a model speculates (assisted generation, prompt lookup) the share of its draft tokens it accepted;
 the host and the serving processes' CPU and memory. An endpoint that stops answering is shown as down and
 scraped again at the next refresh.
 
@@ -111,6 +112,12 @@ MODEL_COLUMNS = (
     "tok/s", "running", "waiting", "oldest", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s",
     "busy",
 )  # fmt: skip
+#: Shown only where a model has draft tokens (speculative decoding): accepted / draft tokens of the window.
+SPEC_COLUMN = "spec accept"
+
+
+def _speculating(frame: Frame) -> bool:
+    return any(row.spec_draft_tokens_per_second is not None for row in frame.models)
 
 
 def _gpu_cells(row: GpuRow) -> list[Any]:
@@ -245,9 +252,13 @@ def render(frame: Frame, now: datetime.datetime | None = None) -> Any:
             gpus.add_row(*_gpu_cells(row))
         parts.append(gpus)
     if frame.models:
-        models = table("models", MODEL_COLUMNS)
+        speculating = _speculating(frame)
+        models = table("models", (*MODEL_COLUMNS, SPEC_COLUMN) if speculating else MODEL_COLUMNS)
         for row in frame.models:
-            models.add_row(*_model_cells(row))
+            cells = _model_cells(row)
+            if speculating:
+                cells.append(_or_dash(row.spec_acceptance_ratio, percent))
+            models.add_row(*cells)
         parts.append(models)
     if frame.hosts or frame.processes:
         host = table("host and serving processes", ["instance", "process", "CPU", "memory"])

@@ -4,7 +4,7 @@ queue time, request errors (``llm_*`` from the serving processes)."""
 from __future__ import annotations
 
 from inferwatch.common import names, promql
-from inferwatch.common.promql import PER_MODEL, Selector, num, regex
+from inferwatch.common.promql import PER_MODEL, Selector, ne, num, regex
 
 from .base import (
     MODEL,
@@ -105,16 +105,19 @@ def _queue_time_high(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchRequestErrors")
 def _request_errors(p: Params) -> list[AlertRule]:
-    # A request the client abandoned (status="cancelled": a chat UI's stop button) is no failure.
-    failed = p.serving(names.LLM_REQUESTS_TOTAL, regex("status", "error|oom"))
-    everything = p.serving(names.LLM_REQUESTS_TOTAL)
+    # A request the client abandoned (status="cancelled": a chat UI's stop button) is no failure, and a
+    # client's mistake (status="rejected": a 4xx, zero tokens asked for) is not the service's: an
+    # availability ratio leaves it out of both sides. A 5xx before any model ran is a failure.
+    failed = p.serving(names.LLM_REQUESTS_TOTAL, regex("status", "error|oom|server_error"))
+    everything = p.serving(names.LLM_REQUESTS_TOTAL, ne("status", "rejected"))
     window = p["window"]
     expr = per_model_ratio(failed, everything, window).gt(p["error_ratio_above"])
     return [
         p.rule(
             expr,
             f"{VALUE_PERCENT} of requests to {MODEL} fail.",
-            f"{VALUE_PERCENT} of the requests to {MODEL} ended in an error or out-of-memory over the "
+            f"{VALUE_PERCENT} of the requests to {MODEL} ended in an error, out-of-memory or a server error "
+            "before any model ran over the "
             f"last {window} (threshold {num(p['error_ratio_above'] * 100)}%), for more than {p['for']}.",
         )
     ]

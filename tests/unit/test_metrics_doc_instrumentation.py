@@ -114,6 +114,8 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     mask = torch.ones_like(prompts)
     model.generate(prompts, attention_mask=mask, max_new_tokens=6, do_sample=False)
     model.generate(prompts[:1], attention_mask=mask[:1], max_new_tokens=6, do_sample=True, top_k=20)
+    # Speculative decoding without a second model (prompt lookup): its draft and accepted counters.
+    model.generate(prompts[:1], attention_mask=mask[:1], max_new_tokens=6, prompt_lookup_num_tokens=2)
 
     def broken_observe(value: float) -> None:
         raise ZeroDivisionError("injected inferwatch bug")

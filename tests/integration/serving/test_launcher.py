@@ -338,3 +338,61 @@ def test_multiprocess_dir_serves_the_sum_of_worker_processes(tmp_path: Path, por
         release.touch()
         assert process.wait(60) == 0
     assert not (multiproc_dir / "counter_99999.db").exists()
+
+
+# Assisted generation under the launcher: a main model and a smaller draft of the same vocabulary, each
+# loaded from a directory of its own name (so their `model` labels differ), one user request.
+ASSISTED_PROGRAM = """
+import sys, tempfile, time
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+def config(layers, hidden):
+    return LlamaConfig(
+        vocab_size=259, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, bos_token_id=256, eos_token_id=257, pad_token_id=258,
+    )
+
+release = Path(sys.argv[1])
+root = Path(tempfile.mkdtemp())
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config(2, 64)).save_pretrained(root / "main")
+AutoModelForCausalLM.from_config(config(1, 32)).save_pretrained(root / "draft")
+main = AutoModelForCausalLM.from_pretrained(root / "main")
+draft = AutoModelForCausalLM.from_pretrained(root / "draft")
+prompt = torch.tensor([[256, 72, 105, 33, 72, 105, 33]])
+out = main.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=draft, max_new_tokens=12,
+                    min_new_tokens=12, do_sample=False)
+print("generated", out.shape[1] - prompt.shape[1], flush=True)
+deadline = time.monotonic() + 60
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def test_an_assisted_request_is_one_request_not_one_per_draft_round(tmp_path: Path, port: int) -> None:
+    program = write(tmp_path / "assisted.py", ASSISTED_PROGRAM)
+    release = tmp_path / "release"
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [*INFERWATCH, "run", f"--port={port}", "--", sys.executable, str(program), str(release)]
+    with spawn(command, tmp_path) as process:
+        body = wait_until(
+            lambda: (
+                process.popen.poll() is None
+                and "generated" in process.stdout()
+                and _body_if(url, "llm_requests_total", 1)
+            ),
+            timeout=120,
+            what=lambda: f"one request on {url}; stderr:\n{process.stderr()}",
+        )
+        assert "generated 12" in process.stdout()
+        assert sample_value(body, "llm_requests_total", model="main") == 1
+        assert sample_value(body, "llm_requests_total", model="draft") == 0
+        assert sample_value(body, "llm_time_to_first_token_seconds_count", model="main") == 1
+        assert sample_value(body, "llm_time_to_first_token_seconds_count", model="draft") == 0
+        assert sample_value(body, "llm_generation_tokens_total", model="main") == 12
+        assert sample_value(body, "llm_spec_decode_draft_tokens_total", model="main") >= 1
+        assert sample_value(body, "llm_forward_seconds_count", model="draft") >= 1  # its device work
+        release.touch()
+        assert process.wait(60) == 0

@@ -263,3 +263,32 @@ def test_the_monitor_never_imports_torch() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def speculative_rounds() -> tuple:
+    """A model that speculates (40 draft tokens in the 2 s window, 30 accepted) next to one that does
+    not (no such series)."""
+    r = CollectorRegistry()
+    draft = Counter("llm_spec_decode_draft_tokens", "", ["model"], registry=r)
+    accepted = Counter("llm_spec_decode_accepted_tokens", "", ["model"], registry=r)
+    Gauge("llm_requests_running", "", ["model"], registry=r).labels("plain").set(1)
+    draft.labels("assisted").inc(100)
+    accepted.labels("assisted").inc(50)
+    first = snapshot(endpoint(r, 10.0, "serving:8797"))
+    draft.labels("assisted").inc(40)
+    accepted.labels("assisted").inc(30)
+    return first, snapshot(endpoint(r, 12.0, "serving:8797"))
+
+
+def test_speculative_acceptance_column_only_where_a_model_has_draft_tokens() -> None:
+    frame = build_frame(*speculative_rounds())
+    assisted, plain = frame.models
+    assert (assisted.model, plain.model) == ("assisted", "plain")
+    assert assisted.spec_draft_tokens_per_second == 20.0
+    assert assisted.spec_acceptance_ratio == 0.75  # of the window's drafts, not the 50 % before it
+    assert plain.spec_draft_tokens_per_second is None and plain.spec_acceptance_ratio is None
+    out = io.StringIO()
+    Console(file=out, width=400).print(top.render(frame))  # every column at full width
+    assert top.SPEC_COLUMN in out.getvalue() and "75%" in out.getvalue()
+    # No model speculates: no column.
+    assert top.SPEC_COLUMN not in rendered(build_frame(*two_rounds()))

@@ -1,0 +1,134 @@
+"""Speculative decoding in generate (assisted generation, prompt lookup): what a round proposes and keeps.
+
+transformers' ``_assisted_decoding`` builds a candidate generator (``_get_candidate_generator``), then
+runs rounds: ``get_candidates`` proposes draft tokens (a draft model's ``generate``, an n-gram lookup in
+the prompt, ...), the main model verifies them in one forward, and ``update_candidate_strategy(input_ids,
+scores, num_matches)`` is told how many it kept; the round then brings ``num_matches + 1`` tokens (the kept
+ones and the main model's own next token), and generate calls its stopping criteria once.
+
+* ``_get_candidate_generator`` is wrapped on the model (an instance attribute, removed with the rest). For
+  a request of the model, the generator it returns gets two wrappers on the *instance* (it lives for one
+  generate call): ``get_candidates`` notes the round's draft tokens, ``update_candidate_strategy`` counts
+  them in ``llm_spec_decode_draft_tokens_total`` and the kept ones in
+  ``llm_spec_decode_accepted_tokens_total``, and tells the request's sampled-token mark how many tokens
+  the round brings (:meth:`Speculation.round_tokens`).
+* Both numbers are host integers transformers already has: the draft's length is a difference of two
+  shapes, and ``num_matches`` is ``valid_tokens.shape[1] - 1`` (transformers recomputes it from the kept
+  tokens' shape after slicing them with the device count, which is where it synchronizes). Reading them
+  adds no device synchronization.
+* A draft model's ``generate`` runs while the main model's request is current in this context: it is
+  part of that request, not traffic (:func:`generate_as_draft`). It opens no request of its own; its
+  forwards are timed as forwards outside any request (``LooseForward``): device time, busy time and the
+  forward histograms of the *draft's* series, never token steps of the main request.
+
+Continuous batching has no speculative path in transformers 5.24 (``generate`` refuses ``assistant_model``
+with it, and ``generation/continuous_batching`` drafts nothing), so nothing is counted there.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from typing import Any
+
+from inferwatch.instrumentation import catalogue as cat
+from inferwatch.instrumentation.instrumented import InstrumentedModel
+from inferwatch.instrumentation.request import CURRENT_REQUEST
+from inferwatch.instrumentation.wrapping import wrap_method
+
+#: Set while an instrumented model's generate runs as another model's draft (see generate_as_draft).
+DRAFTING: contextvars.ContextVar[bool] = contextvars.ContextVar("inferwatch_drafting", default=False)
+
+
+def drafts_for_another(model: object, current: Any) -> bool:
+    """Whether a generate of ``model``, entered while ``current`` (this context's request, or None) runs,
+    is a draft model's: another instrumented model's generate request is running (assisted generation
+    calls the assistant's generate once per round), or a draft's generate is re-entered inside itself."""
+    if current is None:
+        return DRAFTING.get()
+    return current.owner is not None and current.owner is not model
+
+
+def generate_as_draft(original: Any, args: tuple, kwargs: dict) -> Any:
+    """A draft model's generate, run for the request that is current: no request of its own, and no
+    request current inside it, so its forwards are timed on their own (on the draft's series) and its
+    stopping criteria are left alone."""
+    request_token = CURRENT_REQUEST.set(None)
+    drafting_token = DRAFTING.set(True)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        DRAFTING.reset(drafting_token)
+        CURRENT_REQUEST.reset(request_token)
+
+
+class Speculation:
+    """One assisted generate call's rounds, as the main model's request sees them."""
+
+    __slots__ = ("accepted", "draft", "errors", "proposed", "tokens")
+
+    def __init__(self, model: InstrumentedModel) -> None:
+        # Bound on first use, so a model that never speculates has no such series ("no data", not 0).
+        self.draft = model.metrics[cat.SPEC_DRAFT_TOKENS].labels(model.name)
+        self.accepted = model.metrics[cat.SPEC_ACCEPTED_TOKENS].labels(model.name)
+        self.errors = model.errors
+        self.proposed = 0  # draft tokens of the round in progress
+        self.tokens = 1  # tokens per sequence the round's stopping-criteria call brings
+
+    def round_tokens(self) -> int:
+        """The tokens the round that just ended brought (read once, by the sampled-token mark)."""
+        tokens, self.tokens = self.tokens, 1
+        return tokens
+
+    def wrap_get_candidates(self, original: Any) -> Any:
+        def get_candidates(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                input_ids = args[0] if args else kwargs["input_ids"]
+                self.proposed = max(0, result[0].shape[-1] - input_ids.shape[-1])  # shapes: host ints
+            except Exception as exc:
+                self.proposed = 0
+                self.errors.report("speculative", exc)
+            return result
+
+        return get_candidates
+
+    def wrap_update(self, original: Any) -> Any:
+        def update_candidate_strategy(*args: Any, **kwargs: Any) -> Any:
+            try:
+                accepted = args[2] if len(args) > 2 else kwargs["num_matches"]
+                if not isinstance(accepted, int):  # a device count would need a host read: not taken
+                    raise TypeError(f"num_matches is a {type(accepted).__name__}, not an int")
+                proposed, self.proposed = self.proposed, 0
+                self.tokens = accepted + 1
+                self.draft.inc(proposed)
+                self.accepted.inc(min(accepted, proposed))
+            except Exception as exc:
+                self.errors.report("speculative", exc)
+            return original(*args, **kwargs)
+
+        return update_candidate_strategy
+
+
+def wrap_candidate_generator(model: InstrumentedModel, original: Any) -> Any:
+    """``_get_candidate_generator``, through which assisted decoding builds its candidate generator: for a
+    request of ``model`` its rounds are counted (:class:`Speculation`)."""
+
+    @functools.wraps(original)
+    def get_candidate_generator(*args: Any, **kwargs: Any) -> Any:
+        generator = original(*args, **kwargs)
+        request = CURRENT_REQUEST.get()
+        if not model.active or request is None or request.owner is not model:
+            return generator
+        try:
+            speculation = Speculation(model)
+            if (
+                wrap_method(generator, "get_candidates", speculation.wrap_get_candidates) is not None
+                and wrap_method(generator, "update_candidate_strategy", speculation.wrap_update) is not None
+            ):
+                request.speculation = speculation
+        except Exception as exc:
+            model.errors.report("speculative", exc)
+        return generator
+
+    return get_candidate_generator
