@@ -81,6 +81,12 @@ class ModelRow:
     # Speculative decoding (generate's assisted decoding): None where the model has no draft tokens' series.
     spec_draft_tokens_per_second: float | None = None
     spec_acceptance_ratio: float | None = None  # accepted / draft tokens; None where it drafted none
+    # Why the requests of the window finished (finish_reason): shares of them; None where none finished.
+    finished_stop_ratio: float | None = None
+    finished_length_ratio: float | None = None  # max_tokens reached
+    finished_cancelled_ratio: float | None = None
+    finished_error_ratio: float | None = None
+    finished_oom_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,11 @@ _MODEL_FIELDS: dict[str, Expr] = {
     "busy_ratio": q.BUSY,
     "spec_draft_tokens_per_second": q.SPEC_DRAFT_RATE,
     "spec_acceptance_ratio": q.SPEC_ACCEPTANCE,
+    "finished_stop_ratio": q.FINISHED_STOP,
+    "finished_length_ratio": q.FINISHED_LENGTH,
+    "finished_cancelled_ratio": q.FINISHED_CANCELLED,
+    "finished_error_ratio": q.FINISHED_ERROR,
+    "finished_oom_ratio": q.FINISHED_OOM,
 }
 _HOST_FIELDS: dict[str, Expr] = {
     "cpus": q.HOST_CPUS,

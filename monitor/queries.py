@@ -47,6 +47,22 @@ TOTAL_TOKENS_RATE = Rate(Selector(names.LLM_GENERATION_TOKENS_TOTAL), ())
 # the share of them the model accepted. Only models that speculate have the series.
 SPEC_DRAFT_RATE = Rate(Selector(names.LLM_SPEC_DECODE_DRAFT_TOKENS_TOTAL), MODEL)
 SPEC_ACCEPTANCE = Ratio(Rate(Selector(names.LLM_SPEC_DECODE_ACCEPTED_TOKENS_TOTAL), MODEL), SPEC_DRAFT_RATE)
+# Why the requests a model ran finished: each reason's share of them (finish_reason, as the OpenAI API's).
+FINISHED_RATE = Rate(Selector(names.LLM_REQUESTS_FINISHED_TOTAL), MODEL)
+
+
+def _finished_share(reason: str) -> Ratio:
+    return Ratio(
+        Rate(Selector(names.LLM_REQUESTS_FINISHED_TOTAL, (eq("finish_reason", reason),)), MODEL),
+        FINISHED_RATE,
+    )
+
+
+FINISHED_STOP = _finished_share("stop")
+FINISHED_LENGTH = _finished_share("length")
+FINISHED_CANCELLED = _finished_share("cancelled")
+FINISHED_ERROR = _finished_share("error")
+FINISHED_OOM = _finished_share("oom")
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
 # How long ago the oldest running request arrived (0 while none runs): one request that does not end.

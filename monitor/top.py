@@ -109,8 +109,8 @@ GPU_COLUMNS = (
 )  # fmt: skip
 MODEL_COLUMNS = (
     "model", "instance", "device", "GPU: clock", "TTFT p50 / p99", "queue p99", "ITL p50 / p99",
-    "tok/s", "running", "waiting", "oldest", "KV cache", "KV headroom (tok)", "KV blocks used", "preempt/s",
-    "busy",
+    "tok/s", "stop/len/cxl/err", "running", "waiting", "oldest", "KV cache", "KV headroom (tok)",
+    "KV blocks used", "preempt/s", "busy",
 )  # fmt: skip
 #: Shown only where a model has draft tokens (speculative decoding): accepted / draft tokens of the window.
 SPEC_COLUMN = "spec accept"
@@ -175,6 +175,17 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _finish_reasons(row: ModelRow) -> str:
+    """The window's finished requests by reason (stop / length / cancelled / error or oom), in percent of
+    them; "-" where none finished."""
+    failed = (row.finished_error_ratio, row.finished_oom_ratio)
+    shares = (row.finished_stop_ratio, row.finished_length_ratio, row.finished_cancelled_ratio, *failed)
+    if all(share is None for share in shares):
+        return "-"
+    cells = (*shares[:3], sum(share or 0 for share in failed))
+    return "/".join(f"{(share or 0) * 100:.0f}" for share in cells) + " %"
+
+
 def _model_cells(row: ModelRow) -> list[Any]:
     from rich.text import Text
 
@@ -208,6 +219,7 @@ def _model_cells(row: ModelRow) -> list[Any]:
         Text(_or_dash(row.queue_p99_seconds, duration), style="yellow" if queue_long else ""),
         _percentiles(row.itl_p50_seconds, row.itl_p99_seconds),
         _or_dash(row.tokens_per_second, lambda v: f"{v:.1f}"),
+        _finish_reasons(row),
         _or_dash(row.requests_running, number),
         Text(_or_dash(row.requests_waiting, number), style="yellow" if queueing else ""),
         Text(_or_dash(row.oldest_running_age_seconds, _age), style="yellow" if stuck else ""),

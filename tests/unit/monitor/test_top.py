@@ -62,6 +62,9 @@ class ServingProcess:
             "llm_request_queue_seconds", "", ["model"], buckets=(0.5, 1.0, 2.0), registry=r
         )
         self.tokens = Counter("llm_generation_tokens", "", ["model"], registry=r)
+        self.finished = Counter("llm_requests_finished", "", ["model", "finish_reason"], registry=r)
+        for reason in ("stop", "length", "cancelled", "error", "oom"):  # as the instrumentation has them
+            self.finished.labels("llama", reason)
         Gauge("llm_requests_running", "", ["model"], registry=r).labels("llama").set(3)
         Gauge("llm_requests_waiting", "", ["model"], registry=r).labels("llama").set(7)
         Gauge("llm_request_oldest_running_age_seconds", "", ["model"], registry=r).labels("llama").set(725.4)
@@ -83,13 +86,15 @@ def two_rounds() -> tuple:
     serving.generate(1000, 0.001)  # before the window
     first = snapshot(endpoint(serving.registry, 10.0, "serving:8797"), endpoint(gpu, 10.0, "node:8798"))
     serving.generate(80, 0.015)
+    for reason in ("stop", "length", "length", "length"):
+        serving.finished.labels("llama", reason).inc()
     second = snapshot(endpoint(serving.registry, 12.0, "serving:8797"), endpoint(gpu, 12.0, "node:8798"))
     return first, second
 
 
 def rendered(frame: object) -> str:
     out = io.StringIO()
-    Console(file=out, width=220).print(top.render(frame))
+    Console(file=out, width=240).print(top.render(frame))
     return out.getvalue()
 
 
@@ -142,6 +147,7 @@ def test_render_shows_the_figures() -> None:
     assert "sw_power_cap" in text and "gpu_idle" not in text
     assert "model llama on serving:8797, pod llm/llama-0" in text  # the GPU's users
     assert "0: 71% sw_power_cap" in text  # the model's GPU, its SM clock share and throttling
+    assert "25/75/0/0 %" in text  # the window's finish reasons: stop, length, cancelled, failed
     assert "15 ms / 19.9 ms" in text  # ITL p50 / p99
     assert "40.0" in text and "3.00 MiB" in text and "30%" in text
     assert "queue p99" in text and "1.99 s" in text
