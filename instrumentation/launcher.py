@@ -35,6 +35,7 @@ from inferwatch.instrumentation.exposition import (
     PortInUseError,
     validate_port,
 )
+from inferwatch.instrumentation.middleware import stop_setting_from_env
 from inferwatch.instrumentation.profiling import ProfileConfig
 
 PORT_ENV = "INFERWATCH_PORT"
@@ -200,10 +201,12 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> La
 
 
 def check_endpoint_environment(environ: Mapping[str, str]) -> None:
-    """ConfigError for a web config or profiling variable the program's endpoint could not start with."""
+    """ConfigError for a web config, profiling or middleware variable the program's endpoint or the
+    middleware the launcher adds to transformers serve could not start with."""
     try:
         ProfileConfig.from_env(environ)
         load_web_config(environ.get(WEB_CONFIG_ENV, ""))
+        stop_setting_from_env(environ)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

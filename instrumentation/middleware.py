@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from inferwatch.instrumentation.arrival import ARRIVAL, Arrival, propagate_to_threads
@@ -36,10 +36,19 @@ WSGIApp = Callable[[dict, Callable[..., Any]], Iterable[bytes]]
 STOP_ENV = "INFERWATCH_STOP_GENERATION_ON_DISCONNECT"
 
 
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"", "0", "false", "no", "off"}
+
+
+def stop_setting_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """``INFERWATCH_STOP_GENERATION_ON_DISCONNECT``; ValueError naming it for a value that is neither."""
+    value = environ.get(STOP_ENV, "").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ValueError(f"{STOP_ENV} must be 1 or 0, got {environ[STOP_ENV]!r}")
+    return value in _TRUE
+
+
 def _stop_setting(value: bool | None) -> bool:
-    if value is not None:
-        return value
-    return os.environ.get(STOP_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return stop_setting_from_env() if value is None else value
 
 
 class ArrivalMiddleware:

@@ -82,6 +82,11 @@ def a_file(tmp_path: Path) -> Path:
             "inferwatch-exporter: INFERWATCH_EXPORTER_GPUS: '0,,1' is not 'all' or a list",
         ),
         (
+            ["run", "--", "true"],
+            {"INFERWATCH_STOP_GENERATION_ON_DISCONNECT": "maybe"},
+            "inferwatch run: INFERWATCH_STOP_GENERATION_ON_DISCONNECT must be 1 or 0, got 'maybe'",
+        ),
+        (
             ["exporter", "--web.telemetry-path=/a b"],
             {},
             "inferwatch-exporter: argument --web.telemetry-path:",
