@@ -150,7 +150,7 @@ def _event(payload: dict) -> str:
 # --------------------------------------------------------------------------------------------- the servers
 
 
-def fastapi_app(backend: Backend) -> Any:
+def fastapi_app(backend: Backend, stop_generation_on_disconnect: bool = False) -> Any:
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -169,7 +169,12 @@ def fastapi_app(backend: Backend) -> Any:
         message = {"role": "assistant", "content": text}
         return JSONResponse({"choices": [{"index": 0, "message": message, "finish_reason": reason}]})
 
-    app.add_middleware(ArrivalMiddleware, model_name=MODEL, registry=backend.registry)
+    app.add_middleware(
+        ArrivalMiddleware,
+        model_name=MODEL,
+        registry=backend.registry,
+        stop_generation_on_disconnect=stop_generation_on_disconnect,
+    )
     return app
 
 
@@ -338,9 +343,10 @@ def test_first_content_and_finish_reasons_match_the_clients(running: Running) ->
 
 
 @pytest.mark.timeout(120)
-def test_a_client_that_leaves_is_cancelled_at_once_and_its_tokens_wasted(running: Running) -> None:
-    before = running.metrics()
-    host, port = running.url.removeprefix("http://").split(":")
+def read_three_chunks_and_leave(url: str) -> float:
+    """A streaming request of LONG_TOKENS whose client reads three content chunks and closes its socket;
+    when it closed."""
+    host, port = url.removeprefix("http://").split(":")
     body = json.dumps(
         {
             "model": MODEL,
@@ -360,7 +366,12 @@ def test_a_client_that_leaves_is_cancelled_at_once_and_its_tokens_wasted(running
             chunk = client.recv(65536)
             assert chunk, "the server closed the stream"
             received += chunk
-    left = time.perf_counter()
+    return time.perf_counter()
+
+
+def test_a_client_that_leaves_is_cancelled_at_once_and_its_tokens_wasted(running: Running) -> None:
+    before = running.metrics()
+    left = read_three_chunks_and_leave(running.url)
 
     running.metrics_when(
         lambda text: (
@@ -400,3 +411,23 @@ def test_refused_requests_and_zero_tokens_are_counted(running: Running) -> None:
         s: grew(before, after, REQUESTS, status=s) for s in ("ok", "error", "rejected", "server_error")
     }
     assert changed == {"ok": 0, "error": 0, "rejected": 2, "server_error": 1}
+
+
+@pytest.mark.timeout(120)
+def test_stopping_the_generation_on_disconnect_is_opt_in(loaded: tuple[Any, Any]) -> None:
+    """With ``stop_generation_on_disconnect=True`` generate ends for a client that left (the same request
+    without it generates all LONG_TOKENS: the test above)."""
+    model, tokenizer = loaded
+    registry = CollectorRegistry()
+    handle = instrument(model, model_name=MODEL, registry=registry)
+    backend = Backend(model, tokenizer, registry)
+    try:
+        with serve_asgi(fastapi_app(backend, stop_generation_on_disconnect=True)) as url:
+            left = read_three_chunks_and_leave(url)
+            assert backend.done.acquire(timeout=TIMEOUT), "generate never ended"
+            stopped = time.perf_counter() - left
+    finally:
+        handle.remove()
+    generated = len(backend.token_times[-1])
+    print(f"\ngenerate stopped {stopped * 1e3:.0f} ms after the client left, after {generated} tokens")
+    assert generated < LONG_TOKENS // 2 and stopped < 1.0, (generated, stopped)

@@ -1,0 +1,36 @@
+"""The ``transformers serve`` servers the serving tests share: started once for the package, each server
+under ``inferwatch run`` (:mod:`tests.support.transformers_serve`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.servemodel import write_serve_model
+from tests.support.transformers_serve import MAX_POSITIONS, Server, serve
+
+
+@pytest.fixture(scope="package")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the package, its model forced (loaded at start, never unloaded)."""
+    workdir = tmp_path_factory.mktemp("transformers-serve")
+    model_dir = write_serve_model(workdir / "model", max_positions=MAX_POSITIONS)
+    with serve(workdir, model_dir, force_model=True, model_timeout=600, name="serve") as running:
+        yield running
+
+
+@pytest.fixture(scope="package")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``transformers serve --continuous-batching``: one manager thread schedules every request's prompt
+    and decode tokens together in paged-attention steps; ``generate`` is never called."""
+    workdir = tmp_path_factory.mktemp("transformers-serve-cb")
+    model_dir = write_serve_model(workdir / "model")
+    # On the CPU transformers sizes the paged cache from free host memory: about 13 GB of this 24 GB
+    # machine, which the kernel's OOM killer took back once beside another test run. 512 blocks hold more
+    # than the four clients' prompts and answers need.
+    options = ("--continuous-batching", "--cb-num-blocks=512")
+    with serve(
+        workdir, model_dir, force_model=True, model_timeout=600, name="serve-cb", options=options
+    ) as running:
+        yield running
