@@ -12,10 +12,11 @@ ones and the main model's own next token), and generate calls its stopping crite
   them in ``llm_spec_decode_draft_tokens_total`` and the kept ones in
   ``llm_spec_decode_accepted_tokens_total``, and tells the request's sampled-token mark how many tokens
   the round brings (:meth:`Speculation.round_tokens`).
-* Both numbers are host integers transformers already has: the draft's length is a difference of two
-  shapes, and ``num_matches`` is ``valid_tokens.shape[1] - 1`` (transformers recomputes it from the kept
-  tokens' shape after slicing them with the device count, which is where it synchronizes). Reading them
-  adds no device synchronization.
+* Both numbers are differences of shapes, which the host has without reading the device: the draft's
+  length is what ``get_candidates`` added to its input, and the kept tokens are what the round added to
+  ``input_ids`` (transformers appends them before it calls ``update_candidate_strategy``) less the main
+  model's own token. ``num_matches`` itself is not read: transformers 5.24 passes a host int, 5.17 a
+  device tensor, whose reading would be a synchronization of inferwatch's.
 * A draft model's ``generate`` runs while the main model's request is current in this context: it is
   part of that request, not traffic (:func:`generate_as_draft`). It opens no request of its own; its
   forwards are timed as forwards outside any request (``LooseForward``): device time, busy time and the
@@ -65,7 +66,7 @@ def generate_as_draft(original: Any, args: tuple, kwargs: dict) -> Any:
 class Speculation:
     """One assisted generate call's rounds, as the main model's request sees them."""
 
-    __slots__ = ("accepted", "draft", "errors", "proposed", "tokens")
+    __slots__ = ("accepted", "draft", "errors", "proposed", "start", "tokens")
 
     def __init__(self, model: InstrumentedModel) -> None:
         # Bound on first use, so a model that never speculates has no such series ("no data", not 0).
@@ -73,6 +74,7 @@ class Speculation:
         self.accepted = model.metrics[cat.SPEC_ACCEPTED_TOKENS].labels(model.name)
         self.errors = model.errors
         self.proposed = 0  # draft tokens of the round in progress
+        self.start = 0  # the length of input_ids when the round began
         self.tokens = 1  # tokens per sequence the round's stopping-criteria call brings
 
     def round_tokens(self) -> int:
@@ -85,7 +87,8 @@ class Speculation:
             result = original(*args, **kwargs)
             try:
                 input_ids = args[0] if args else kwargs["input_ids"]
-                self.proposed = max(0, result[0].shape[-1] - input_ids.shape[-1])  # shapes: host ints
+                self.start = input_ids.shape[-1]
+                self.proposed = max(0, result[0].shape[-1] - self.start)  # shapes: host ints
             except Exception as exc:
                 self.proposed = 0
                 self.errors.report("speculative", exc)
@@ -96,11 +99,11 @@ class Speculation:
     def wrap_update(self, original: Any) -> Any:
         def update_candidate_strategy(*args: Any, **kwargs: Any) -> Any:
             try:
-                accepted = args[2] if len(args) > 2 else kwargs["num_matches"]
-                if not isinstance(accepted, int):  # a device count would need a host read: not taken
-                    raise TypeError(f"num_matches is a {type(accepted).__name__}, not an int")
+                input_ids = args[0] if args else kwargs["input_ids"]
+                kept = input_ids.shape[-1] - self.start  # the accepted drafts and the model's own token
+                accepted = max(0, kept - 1)
                 proposed, self.proposed = self.proposed, 0
-                self.tokens = accepted + 1
+                self.tokens = max(1, kept)
                 self.draft.inc(proposed)
                 self.accepted.inc(min(accepted, proposed))
             except Exception as exc:
