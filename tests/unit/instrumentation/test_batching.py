@@ -7,6 +7,7 @@ timestamps (``record_timestamps``: the host time each token reached its request,
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import weakref
@@ -28,6 +29,13 @@ from tests.support.observations import ObservationRecorder
 MODEL = "cb"
 #: inferwatch's TTFT and E2E per request against the manager's own timestamps for it.
 RELATIVE_TOLERANCE = 0.10
+
+#: The field of a page's tokens: page_size since transformers 5.24, block_size before.
+PAGE_SIZE = next(
+    name
+    for name in ("page_size", "block_size")
+    if name in {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+)
 
 
 def no_eos(max_new_tokens: int) -> GenerationConfig:
@@ -155,7 +163,7 @@ def test_a_failed_request_and_a_full_cache(instrumented) -> None:
     model, handle, registry, _ = instrumented
     # A cache of a few small pages for six requests that each outgrow their share: the scheduler must
     # take requests off the device to let the others finish.
-    config = ContinuousBatchingConfig(page_size=16, num_blocks=6, max_batch_tokens=64)
+    config = ContinuousBatchingConfig(**{PAGE_SIZE: 16}, num_blocks=6, max_batch_tokens=64)
     manager = model.init_continuous_batching(generation_config=no_eos(40), continuous_batching_config=config)
     manager.start()
     try:
