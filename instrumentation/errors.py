@@ -26,6 +26,7 @@ STAGES = (
     "speculative",  # assisted generation's rounds (draft and accepted tokens)
     "track",  # the request-tracking API
     "batching",  # continuous batching's hooks (requests, steps, deliveries)
+    "middleware",  # the ASGI/WSGI middleware's response watch and refusals
     "resolve",  # turning device events into observations
     "sample",  # the background sampler (allocator memory, headroom, busy ratio)
     "nvml",  # NVML readings

@@ -76,7 +76,7 @@ class ArrivalMiddleware:
         arrival = Arrival()
         arrival.stop_on_disconnect = self._stop
         token = ARRIVAL.set(arrival)
-        exchange = _AsgiExchange(arrival, receive, send)
+        exchange = _AsgiExchange(arrival, receive, send, self._recorder)
         raised = False
         try:
             # The response body (a streaming generator) runs inside this call: the arrival stays open.
@@ -88,17 +88,18 @@ class ArrivalMiddleware:
             await exchange.stop_listening()
             arrival.close()
             ARRIVAL.reset(token)
-            self._recorder.record(exchange.watch, scope.get("method", ""), raised)
+            self._recorder.contained(self._recorder.record, exchange.watch, scope.get("method", ""), raised)
 
 
 class _AsgiExchange:
     """The receive and send channels of one request, watched: a listener for the client's disconnect
     runs from the moment the application has read the whole body (before that, reading is its own)."""
 
-    def __init__(self, arrival: Arrival, receive: Any, send: Any) -> None:
+    def __init__(self, arrival: Arrival, receive: Any, send: Any, recorder: EdgeRecorder) -> None:
         self.watch = ResponseWatch(arrival)
         self._receive = receive
         self._send = send
+        self._contained = recorder.contained
         self._listener: asyncio.Task | None = None
 
     async def receive(self) -> Any:
@@ -108,35 +109,41 @@ class _AsgiExchange:
         message = await self._receive()
         kind = message.get("type")
         if kind == "http.disconnect":
-            self.watch.gone(time.perf_counter())
+            self._contained(self.watch.gone, time.perf_counter())
         elif kind == "http.request" and not message.get("more_body", False):
-            self._listener = asyncio.ensure_future(self._listen())
+            self._contained(self._start_listening)
         return message
+
+    def _start_listening(self) -> None:
+        self._listener = asyncio.ensure_future(self._listen())  # RuntimeError outside asyncio (trio)
 
     async def _listen(self) -> Any:
         message = await self._receive()
         if message.get("type") == "http.disconnect":
-            self.watch.gone(time.perf_counter())
+            self._contained(self.watch.gone, time.perf_counter())
         return message
 
     async def send(self, message: Any) -> None:
         kind = message.get("type")
         if kind == "http.response.start":
-            content_type = ""
-            for name, value in message.get("headers") or ():
-                if name.lower() == b"content-type":
-                    content_type = value.decode("latin-1")
-            self.watch.started(int(message.get("status", 0)), content_type)
+            self._contained(self._started, message)
         elif kind == "http.response.body":
             body, more = message.get("body", b""), message.get("more_body", False)
             try:
                 await self._send(message)
             except OSError:
-                self.watch.gone(time.perf_counter())  # an ASGI 2.4 server: the client has gone
+                self._contained(self.watch.gone, time.perf_counter())  # ASGI 2.4: the client has gone
                 raise
-            self.watch.sent(body, more, time.perf_counter())
+            self._contained(self.watch.sent, body, more, time.perf_counter())
             return
         await self._send(message)
+
+    def _started(self, message: Any) -> None:
+        content_type = ""
+        for name, value in message.get("headers") or ():
+            if name.lower() == b"content-type":
+                content_type = value.decode("latin-1")
+        self.watch.started(int(message.get("status", 0)), content_type)
 
     async def stop_listening(self) -> None:
         listener = self._listener
@@ -171,17 +178,20 @@ class WSGIArrivalMiddleware:
         watch = ResponseWatch(arrival)
         method = environ.get("REQUEST_METHOD", "")
 
-        def watching_start_response(status: str, headers: list, *args: Any) -> Any:
+        def started(status: str, headers: list) -> None:
             content_type = next((value for name, value in headers if name.lower() == "content-type"), "")
             code = status.split(" ", 1)[0]
             watch.started(int(code) if code.isdigit() else 0, content_type)
+
+        def watching_start_response(status: str, headers: list, *args: Any) -> Any:
+            self._recorder.contained(started, status, headers)
             return start_response(status, headers, *args)
 
         try:
             body = self.app(environ, watching_start_response)
         except BaseException:
             _end(arrival, token)
-            self._recorder.record(watch, method, raised=True)
+            self._recorder.contained(self._recorder.record, watch, method, True)
             raise
         return _WatchedBody(body, watch, token, method, self._recorder)
 
@@ -203,14 +213,15 @@ class _WatchedBody:
         watch = self._watch
         chunks = iter(self._body)
         chunk: bytes | None = None
+        contained = self._recorder.contained
         while True:
             # The server asks for the next chunk once it has written the one before.
             if chunk is not None:
-                watch.sent(chunk, True, time.perf_counter())
+                contained(watch.sent, chunk, True, time.perf_counter())
             try:
                 chunk = next(chunks)
             except StopIteration:
-                watch.sent(b"", False, time.perf_counter())
+                contained(watch.sent, b"", False, time.perf_counter())
                 return
             except BaseException:
                 self._raised = True
@@ -218,15 +229,16 @@ class _WatchedBody:
             yield chunk
 
     def close(self) -> None:
-        watch = self._watch
+        watch, contained = self._watch, self._recorder.contained
         try:
-            watch.gone(time.perf_counter())  # closed before it was drained: the client could not be written
+            # Closed before it was drained: the client could not be written to.
+            contained(watch.gone, time.perf_counter())
             close = getattr(self._body, "close", None)
             if close is not None:
                 close()
         finally:
             _end(watch.arrival, self._token)
-            self._recorder.record(watch, self._method, self._raised)
+            contained(self._recorder.record, watch, self._method, self._raised)
 
 
 def _end(arrival: Arrival, token: Any) -> None:

@@ -382,7 +382,8 @@ class Request:
         by :meth:`resolve`, now if every mark is complete, else on the background thread.
         """
         self._counts = counts
-        self._end(status, time.perf_counter())
+        if not self._end(status, time.perf_counter()) and status == "oom":
+            self.series.oom_events.inc()  # out of memory after its client left: an OOM all the same
         self.set_kv(None)
         BACKGROUND.resolve_or_defer(self, self.series.errors)
 

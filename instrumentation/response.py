@@ -17,6 +17,8 @@ request is one, a scanner's ``GET /favicon.ico`` is not. This module does not im
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from inferwatch.instrumentation.arrival import Arrival
@@ -28,6 +30,8 @@ from inferwatch.instrumentation.config import InstrumentConfig
 _SCAN_LIMIT = 64 * 1024
 #: The label of a refused request when the process has no one model it could be for.
 UNKNOWN_MODEL = "unknown"
+
+logger = logging.getLogger("inferwatch.instrumentation")
 
 
 def _is_content(data: str) -> bool:
@@ -118,6 +122,18 @@ class EdgeRecorder:
     def __init__(self, model_name: str | None = None, registry: Any = None) -> None:
         self._model_name = model_name
         self._registry = registry
+
+    def contained(self, call: Callable[..., Any], *args: Any) -> None:
+        """``call(*args)``; what it raises is counted (``stage="middleware"``) and logged, never passed to
+        the server or the application."""
+        try:
+            call(*args)
+        except Exception as exc:
+            metrics = existing_metrics(self._registry)
+            if metrics is None:
+                logger.warning("inferwatch: the middleware's response watch failed", exc_info=True)
+            else:
+                metrics.errors.report("middleware", exc)
 
     def record(self, watch: ResponseWatch, method: str, raised: bool) -> None:
         """The exchange is over (``raised``: the application raised instead of answering)."""
