@@ -51,14 +51,14 @@ def _stop_setting(value: bool | None) -> bool:
     return stop_setting_from_env() if value is None else value
 
 
-class ArrivalMiddleware:
-    """ASGI middleware: each HTTP request is an arrival for the generate calls it makes, and its response
-    is watched. ``model_name`` labels requests refused before any model ran (see :mod:`.response`);
-    ``registry`` is the one the models' series are on (default: prometheus_client's)."""
+class _EdgeMiddleware:
+    """What both middlewares are given: the application, the ``model_name`` that labels requests refused
+    before any model ran (see :mod:`.response`), the ``registry`` the models' series are on (default:
+    prometheus_client's), and whether a client's leaving stops its generation."""
 
     def __init__(
         self,
-        app: ASGIApp,
+        app: ASGIApp | WSGIApp,
         *,
         model_name: str | None = None,
         registry: Any = None,
@@ -68,6 +68,11 @@ class ArrivalMiddleware:
         self._recorder = EdgeRecorder(model_name, registry)
         self._stop = _stop_setting(stop_generation_on_disconnect)
         propagate_to_threads()
+
+
+class ArrivalMiddleware(_EdgeMiddleware):
+    """ASGI middleware: each HTTP request is an arrival for the generate calls it makes, and its response
+    is watched."""
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -153,23 +158,10 @@ class _AsgiExchange:
                 await listener
 
 
-class WSGIArrivalMiddleware:
+class WSGIArrivalMiddleware(_EdgeMiddleware):
     """WSGI middleware: each request is an arrival until its response iterable is closed (a streamed body
     is produced while the server iterates it, after the application returned); a response closed before
     it was drained is a client that went away (the server could not write to it)."""
-
-    def __init__(
-        self,
-        app: WSGIApp,
-        *,
-        model_name: str | None = None,
-        registry: Any = None,
-        stop_generation_on_disconnect: bool | None = None,
-    ) -> None:
-        self.app = app
-        self._recorder = EdgeRecorder(model_name, registry)
-        self._stop = _stop_setting(stop_generation_on_disconnect)
-        propagate_to_threads()
 
     def __call__(self, environ: dict, start_response: Callable[..., Any]) -> Iterable[bytes]:
         arrival = Arrival()

@@ -182,52 +182,6 @@ def test_concurrent_requests_queue_and_the_wait_is_measured(server: Server) -> N
     assert queued > 0, f"llm_request_queue_seconds_sum grew by {queued}\n{server.logs()}"
 
 
-def hang_up_and_check_cancelled(server: Server) -> None:
-    """A streaming client closes its stream after three chunks: one request ``cancelled``, none failed."""
-    before = server.metrics()
-    stream = server.client().chat.completions.create(
-        model=server.model,
-        messages=[{"role": "user", "content": "a long story, please"}],
-        max_tokens=2000,  # seconds of decoding on a CPU: far beyond the hang-up
-        stream=True,
-    )
-    content_chunks = 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            content_chunks += 1
-            if content_chunks == 3:
-                break
-    stream.close()
-    assert content_chunks == 3
-
-    def ended() -> str | None:
-        body = server.metrics()
-        return body if delta(before, body, "llm_requests_total") >= 1 else None
-
-    after = wait_until(ended, timeout=60, what=lambda: f"the request to end\n{server.logs()}")
-    statuses = {
-        s.labels["status"]: s.value
-        for s in parse_samples(after)
-        if s.name == "llm_requests_total" and s.value != value(before, s.name, **s.labels)
-    }
-    assert delta(before, after, "llm_requests_total", status="cancelled") == 1, statuses
-    assert delta(before, after, "llm_requests_total", status="error") == 0, statuses
-
-
-def test_a_client_that_hangs_up_is_a_cancelled_request(server: Server) -> None:
-    # The client closes its stream after a few chunks while generation has far to go: transformers serve
-    # sees the disconnect, calls streamer.cancel(), and generate is aborted by _GenerationCancelled raised
-    # from the streamer's next put(). That is the client's doing, not a failure of the model.
-    hang_up_and_check_cancelled(server)
-
-
-def test_a_client_that_hangs_up_from_continuous_batching_is_cancelled(batching_server: Server) -> None:
-    # Under continuous batching the disconnect reaches the manager as cancel_request(request_id).
-    hang_up_and_check_cancelled(batching_server)
-    after = batching_server.metrics()
-    assert value(after, "llm_requests_running") == 0, batching_server.logs()
-
-
 def process_tree_rss(pid: int) -> int:
     """Resident memory of a process and all its descendants, in bytes."""
     root = psutil.Process(pid)
