@@ -99,6 +99,7 @@ def overview() -> models.Dashboard:
                     timeseries_panel(latency.inter_token_latency()),
                     timeseries_panel(latency.end_to_end_latency()),
                     timeseries_panel(latency.per_request_token_time()),
+                    timeseries_panel(latency.first_token_against_first_content(), width=24),
                 ],
             ),
             (

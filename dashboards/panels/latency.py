@@ -1,5 +1,6 @@
-"""Latency: time to first token and the queue time inside it, inter-token and end-to-end latency, time
-per output token, and the fluctuation the latency alert watches."""
+"""Latency: time to first token and the queue time inside it, the first content the server sent against
+it, inter-token and end-to-end latency, time per output token, and the fluctuation the latency alert
+watches."""
 
 from __future__ import annotations
 
@@ -28,6 +29,35 @@ def time_to_first_token() -> PanelSpec:
         f"generate) until the first token is computed on the device: queue time plus prefill. The red "
         f"line is the SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
         above(target),
+    )
+
+
+def first_token_against_first_content() -> PanelSpec:
+    model, sent = names.LLM_TIME_TO_FIRST_TOKEN_SECONDS, names.LLM_RESPONSE_TIME_TO_FIRST_CONTENT_SECONDS
+    return PanelSpec(
+        "First token produced vs first content sent",
+        "What the model produced (time to first token, to its sampling on the device) against what the "
+        "server sent (arrival until the first body chunk with content left the middleware), medians and "
+        "p99. A gap is the serving code's: a streamer that holds text back, event framing, a slow writer. "
+        "Empty without the ASGI/WSGI middleware (inferwatch run adds it to transformers serve).",
+        "s",
+        normal(),
+        [
+            query(
+                promql.histogram_quantile(0.5, serving(model), promql.PER_MODEL),
+                f"produced p50 {MODEL_LEGEND}",
+            ),
+            query(
+                promql.histogram_quantile(0.5, serving(sent), promql.PER_MODEL), f"sent p50 {MODEL_LEGEND}"
+            ),
+            query(
+                promql.histogram_quantile(0.99, serving(model), promql.PER_MODEL),
+                f"produced p99 {MODEL_LEGEND}",
+            ),
+            query(
+                promql.histogram_quantile(0.99, serving(sent), promql.PER_MODEL), f"sent p99 {MODEL_LEGEND}"
+            ),
+        ],
     )
 
 

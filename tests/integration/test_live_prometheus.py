@@ -12,8 +12,9 @@ a real inferwatch-exporter, and a real Alertmanager routing to a webhook this te
 The machine has no GPU: the exporter runs over the fault-injecting NVML stand-in the exporter's own tests
 use (tests/support/fake_nvml.py, selected by INFERWATCH_EXPORTER_NVML_MODULE), so every ``gpu_*``
 series is real exporter output. The series docs/metrics.md marks *CUDA only* (torch's CUDA allocator)
-cannot exist on a CPU demo, nor the blocks of a paged KV cache (continuous batching) on a demo that serves
-through generate; expressions that read them are listed and must still parse. The GPU busy ratio, CUDA
+cannot exist on a CPU demo, nor on a demo that calls generate itself the blocks of a paged KV cache
+(continuous batching), what a server behind the middleware sent, or a draft model's tokens; expressions
+that read them are listed and must still parse. The GPU busy ratio, CUDA
 only too, comes from a second serving target: the endpoint of a serving process on a GPU
 (tests/support/gpu_serving.py), whose series are the ones an instrumented process on the H200 showed.
 """
@@ -62,8 +63,17 @@ VARIABLES = {'"$model"': '".+"', '"$instance"': '".+"', '"$gpu"': '".+"', "$__ra
 # Series created at their first event, which a healthy demo never has: expressions reading them must
 # parse, but cannot return data.
 EVENT_ONLY = {"llm_instrumentation_errors_total": "the instrumentation caught no error"}
-# Series of a paged KV cache, which only continuous batching has: the demo serves through generate.
-PAGED_CACHE_ONLY = {"llm_kv_cache_blocks": "only continuous batching has a paged KV cache"}
+# Series a demo that serves through generate, with no HTTP server and no draft model, cannot have.
+PAGED_CACHE = "only continuous batching has a paged KV cache"
+MIDDLEWARE = "only a server behind the middleware sends responses (test_http_edge.py checks them)"
+SPECULATION = "only a model that speculates has draft tokens (test_speculative.py checks them)"
+ONLY_ELSEWHERE = {
+    "llm_kv_cache_blocks": PAGED_CACHE,
+    "llm_response_time_to_first_content_seconds_bucket": MIDDLEWARE,
+    "llm_response_time_to_last_byte_seconds_bucket": MIDDLEWARE,
+    "llm_spec_decode_draft_tokens_total": SPECULATION,
+    "llm_spec_decode_accepted_tokens_total": SPECULATION,
+}
 
 # The alert driven end to end, with a `for:` and a window a test can wait out: the GPU serving target runs
 # its GPU 11 % of the time (host-bound), then 95 %.
@@ -173,10 +183,8 @@ def cannot_have_data(expr: str) -> str | None:
     events = {name for name in names if name in EVENT_ONLY}
     if events:
         return "; ".join(EVENT_ONLY[name] for name in sorted(events))
-    paged = {name for name in names if name in PAGED_CACHE_ONLY}
-    if paged:
-        return "; ".join(PAGED_CACHE_ONLY[name] for name in sorted(paged))
-    return None
+    elsewhere = sorted({ONLY_ELSEWHERE[name] for name in names if name in ONLY_ELSEWHERE})
+    return "; ".join(elsewhere) if elsewhere else None
 
 
 def wait_for_data(prometheus: Prometheus, expressions: list[tuple[str, str]]) -> list[str]:
@@ -203,11 +211,13 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
     excused = [(where, reason) for where, expr in expressions if (reason := cannot_have_data(expr))]
     for _, expr in expressions:
         stack.prometheus.query(expr)  # parses and evaluates (raises PromQLError otherwise)
-    # Only what docs/metrics.md calls CUDA-only, the instrumentation's error counter, and the blocks of a
-    # paged KV cache are excused.
+    # Only what docs/metrics.md calls CUDA-only, the instrumentation's error counter, and what only
+    # another way of serving has (ONLY_ELSEWHERE) are excused.
     assert {where for where, _ in excused} == {
         "inferwatch-overview.json: Allocator memory",
         "inferwatch-overview.json: KV-cache blocks used",
+        "inferwatch-overview.json: First token produced vs first content sent",
+        "inferwatch-overview.json: Speculative decoding acceptance",
         "inferwatch-diagnosis.json: Allocator memory",
         "inferwatch-diagnosis.json: Allocator retries and OOMs",
         "inferwatch-diagnosis.json: KV-cache blocks used",
