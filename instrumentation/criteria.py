@@ -54,8 +54,9 @@ def token_marking_criteria() -> type | None:
             if request.decode_run is None:
                 try:
                     speculation = request.speculation  # an assisted round brings its kept tokens + 1
-                    tokens = 1 if speculation is None else speculation.round_tokens()
-                    request.mark_tokens(self._model.placement.label, tokens)
+                    tokens = 1 if speculation is None else speculation.round_tokens(input_ids.shape[-1])
+                    if tokens:
+                        request.mark_tokens(self._model.placement.label, tokens)
                 except Exception as exc:
                     self._model.errors.report("token_mark", exc)
             else:

@@ -10,8 +10,8 @@ ones and the main model's own next token), and generate calls its stopping crite
   a request of the model, the generator it returns gets two wrappers on the *instance* (it lives for one
   generate call): ``get_candidates`` notes the round's draft tokens, ``update_candidate_strategy`` counts
   them in ``llm_spec_decode_draft_tokens_total`` and the kept ones in
-  ``llm_spec_decode_accepted_tokens_total``, and tells the request's sampled-token mark how many tokens
-  the round brings (:meth:`Speculation.round_tokens`).
+  ``llm_spec_decode_accepted_tokens_total``; the request's sampled-token mark places as many tokens as
+  ``input_ids`` grew by since the last one (:meth:`Speculation.round_tokens`).
 * Both numbers are differences of shapes, which the host has without reading the device: the draft's
   length is what ``get_candidates`` added to its input, and the kept tokens are what the round added to
   ``input_ids`` (transformers appends them before it calls ``update_candidate_strategy``) less the main
@@ -66,21 +66,28 @@ def generate_as_draft(original: Any, args: tuple, kwargs: dict) -> Any:
 class Speculation:
     """One assisted generate call's rounds, as the main model's request sees them."""
 
-    __slots__ = ("accepted", "draft", "errors", "proposed", "start", "tokens")
+    __slots__ = ("accepted", "draft", "errors", "kept", "proposed", "seen", "start")
 
-    def __init__(self, model: InstrumentedModel) -> None:
+    def __init__(self, model: InstrumentedModel, prompt_length: int) -> None:
         # Bound on first use, so a model that never speculates has no such series ("no data", not 0).
         self.draft = model.metrics[cat.SPEC_DRAFT_TOKENS].labels(model.name)
         self.accepted = model.metrics[cat.SPEC_ACCEPTED_TOKENS].labels(model.name)
         self.errors = model.errors
         self.proposed = 0  # draft tokens of the round in progress
         self.start = 0  # the length of input_ids when the round began
-        self.tokens = 1  # tokens per sequence the round's stopping-criteria call brings
+        self.seen = prompt_length  # the length of input_ids at the last sampled-token mark
+        self.kept = False  # the round in progress has kept its tokens (update_candidate_strategy ran)
 
-    def round_tokens(self) -> int:
-        """The tokens the round that just ended brought (read once, by the sampled-token mark)."""
-        tokens, self.tokens = self.tokens, 1
-        return tokens
+    def round_tokens(self, length: int) -> int:
+        """The tokens per sequence the round that just ended brought, from ``length``, the length of
+        ``input_ids`` at a stopping-criteria call: what it grew by since the last mark; 0 for a call
+        before the round kept its tokens (transformers 5.17 also asks the criteria whether the
+        *candidates* would end the sequence: no token was sampled there)."""
+        if not self.kept:
+            return 0
+        self.kept = False
+        tokens, self.seen = length - self.seen, length
+        return max(1, tokens)
 
     def wrap_get_candidates(self, original: Any) -> Any:
         def get_candidates(*args: Any, **kwargs: Any) -> Any:
@@ -103,7 +110,7 @@ class Speculation:
                 kept = input_ids.shape[-1] - self.start  # the accepted drafts and the model's own token
                 accepted = max(0, kept - 1)
                 proposed, self.proposed = self.proposed, 0
-                self.tokens = max(1, kept)
+                self.kept = True
                 self.draft.inc(proposed)
                 self.accepted.inc(min(accepted, proposed))
             except Exception as exc:
@@ -111,6 +118,17 @@ class Speculation:
             return original(*args, **kwargs)
 
         return update_candidate_strategy
+
+
+class _Unfollowed:
+    """The rounds of an assisted request that could not be followed: no sampled-token marks (so no TTFT
+    or ITL for it); its tokens are counted from generate's output when it ends."""
+
+    def round_tokens(self, length: int) -> int:
+        return 0
+
+
+UNFOLLOWED = _Unfollowed()
 
 
 def wrap_candidate_generator(model: InstrumentedModel, original: Any) -> Any:
@@ -123,8 +141,11 @@ def wrap_candidate_generator(model: InstrumentedModel, original: Any) -> Any:
         request = CURRENT_REQUEST.get()
         if not model.active or request is None or request.owner is not model:
             return generator
+        # Until its rounds are followed, an assisted request makes no sampled-token marks: the tokens of a
+        # round are unknown, and transformers may ask the criteria about candidates, which are no tokens.
+        request.speculation = UNFOLLOWED
         try:
-            speculation = Speculation(model)
+            speculation = Speculation(model, request.prompt_length)
             if (
                 wrap_method(generator, "get_candidates", speculation.wrap_get_candidates) is not None
                 and wrap_method(generator, "update_candidate_strategy", speculation.wrap_update) is not None
