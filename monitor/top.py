@@ -112,6 +112,8 @@ MODEL_COLUMNS = (
     "tok/s", "stop/len/cxl/err", "running", "waiting", "oldest", "KV cache", "KV headroom (tok)",
     "KV blocks used", "preempt/s", "busy",
 )  # fmt: skip
+#: Columns of a frame printed to a pipe or a file: the models table's all fit, unshortened.
+PIPE_WIDTH = 400
 #: Shown only where a model has draft tokens (speculative decoding): accepted / draft tokens of the window.
 SPEC_COLUMN = "spec accept"
 
@@ -308,8 +310,9 @@ def _console() -> Any:
 
     console = Console()
     if not console.is_terminal:
-        # A pipe or a file: no ANSI codes (rich's default there) and no wrapping at an assumed 80 columns.
-        console = Console(width=max(console.width, 200))
+        # A pipe or a file: no ANSI codes (rich's default there) and no wrapping at an assumed 80 columns:
+        # room for every column of the models table at full width (tables take only what they need).
+        console = Console(width=max(console.width, PIPE_WIDTH))
     return console
 
 
