@@ -234,7 +234,7 @@ class ServerThread:
             raise self._error
 
     def _run(self) -> None:
-        _name_os_thread(self._thread.name)
+        name_os_thread(self._thread.name)
         asyncio.run(self._main())
 
     async def _main(self) -> None:
@@ -263,7 +263,7 @@ class ServerThread:
         return self._loop
 
 
-def _name_os_thread(name: str) -> None:
+def name_os_thread(name: str) -> None:
     """Give the calling thread ``name`` where the OS shows it (``top -H``, ``/proc/PID/task/*/comm``), so
     that the endpoint's thread can be found in a serving process; Linux only, best effort."""
     with contextlib.suppress(OSError, AttributeError):

@@ -2,14 +2,16 @@
 
 Three ways to get the metrics of an instrumented model to Prometheus:
 
-* :func:`start_http_server` runs an endpoint of its own in one background thread (``/metrics`` and every
-  other path answer the exposition, like prometheus_client's server), built for living inside a model
-  server: HTTP/1.1 with keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle,
-  slow-request and connection limits), and a CPU budget, so that however hard it is scraped its answers
-  take no more than :data:`CPU_SHARE` of a core from the serving loop, clients that scrape at a normal
-  pace ahead of those that scrape back to back, while no answer comes from a
-  collection of the registry older than :data:`MAX_AGE` (unless the registry typically takes more than
-  ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it takes to pay that back);
+* :func:`start_http_server` runs an endpoint of its own (``/metrics`` and every other path answer the
+  exposition, like prometheus_client's server), built for living inside a model server: HTTP/1.1 with
+  keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle, slow-request and connection
+  limits) in a helper process (:mod:`.http_process`), so that no client's requests take the GIL from the
+  serving loop, which only collects the registry when the helper asks, and a CPU budget; no answer
+  comes from a collection of the registry older than :data:`MAX_AGE` (unless the registry typically
+  takes more than ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it takes to
+  pay that back). Where no helper can run, the same loop runs in a thread of the serving process, its
+  answers held to :data:`CPU_SHARE` of a core, clients that scrape at a normal pace ahead of those that
+  scrape back to back;
 * :func:`make_wsgi_app` / :func:`make_asgi_app` return an app to mount on the serving framework's own
   server (Flask, Django, FastAPI, Starlette...), so no second port is needed;
 * in a server with several worker processes (gunicorn, uvicorn ``--workers``), prometheus_client's
@@ -28,13 +30,15 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import statistics
+import sys
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from inferwatch.common.authgate import guarded
 from inferwatch.common.clock import SYSTEM_CLOCK, LoopClock
@@ -87,6 +91,11 @@ __all__ = [
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The web config (TLS, basic auth, headers) of :func:`start_http_server`'s endpoint.
 WEB_CONFIG_ENV = "INFERWATCH_WEB_CONFIG_FILE"
+#: 1 (the default): :func:`start_http_server` does its HTTP work in a helper process; 0: in a thread.
+HTTP_PROCESS_ENV = "INFERWATCH_HTTP_PROCESS"
+#: The thread of :func:`start_http_server` in the serving process (``top -H``, ``/proc/PID/task``); the
+#: helper process has the same name.
+THREAD_NAME = "inferwatch-http"
 
 #: Not 8000 (vLLM, Triton, ``transformers serve``, uvicorn/FastAPI) nor any port of Prometheus' default
 #: port allocations: ``inferwatch run -- SERVER`` must not collide with the server it launches
@@ -101,6 +110,10 @@ DEFAULT_ADDRESS = "127.0.0.1"
 #: of trickling clients (5.9 s). The serving loop's Python thread loses about as much to it through the
 #: GIL (docs/benchmarks.md).
 CPU_SHARE = 0.025
+#: The share of one core the endpoint's helper process may spend answering, in the same way: its CPU is
+#: not the serving loop's (no GIL is shared), so the bound is there for the machine's other work, and is
+#: set where 50 scrapers a second are answered without waiting (docs/benchmarks.md).
+HELPER_CPU_SHARE = 0.1
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
 CPU_BURST = 0.1
 #: The oldest, in seconds, the collection of the registry an answer of :func:`start_http_server` is
@@ -247,9 +260,10 @@ class _Snapshot:
 
     def __init__(self, families: list[Metric], taken: float) -> None:
         self.families = families
-        self.taken = taken  # the endpoint's clock when the collection began
+        self.taken = taken  # the monotonic clock (one for every process) when the collection began
         self.answers: dict[Variant, Exposition] = {}
-        self.cost = 0.0  # CPU seconds of the collection and of every encoding of it
+        self.cost = 0.0  # CPU seconds of the collection and of what was made of it in this process
+        self.shipped: bytes | None = None  # the collection as sent to the helper process, once sent
 
     def answer(self, variant: Variant) -> Exposition:
         answer = self.answers.get(variant)
@@ -263,23 +277,37 @@ class _Snapshot:
         return answer
 
 
-class _EndpointApp:
-    """:func:`start_http_server`'s app: the answers of :func:`make_asgi_app` within CPU budgets, from
-    collections at most :data:`MAX_AGE` old.
+class Rendering(NamedTuple):
+    """An answer's body and headers, and what the endpoint says about the collection it came from."""
 
-    A request waits while answers have used more than :data:`CPU_SHARE`, unless its connection is new or
-    was :data:`QUIET` since its last answer: such a request (a scrape at a normal pace) is taken up at
-    once, ahead of connections that scrape back to back, while the budget is less than
-    :data:`CPU_BURST` in debt. Once taken up, it
-    gets an answer encoded from one collection of the registry that every variant (format, compression,
-    names) shares, each variant encoded from it once: a new collection while renderings have used less
-    than :data:`RENDER_SHARE` (every answer is then collected for its request), or when the last one is
-    ``MAX_AGE`` old; else the last one. Under several scrapes a second the answers are up to ``MAX_AGE``
-    old instead of the serving process slow, whatever variants the clients ask for, and renderings take
-    one collection per ``MAX_AGE`` plus one encoding per variant asked for. Where that would be more
-    than :data:`REFRESH_SHARE` of a core (a typical collection over 15 ms), a collection is kept until
-    its cost is paid back at that share instead. Answers as a whole stay within ``CPU_SHARE``. Each
-    answer says how old its collection is (:data:`AGE_HEADER`).
+    exposition: Exposition
+    taken: float  # when its collection began (:attr:`_Snapshot.taken`)
+    collected: bool  # whether it was collected for the request it answers
+    cpu: float  # CPU seconds the answering thread spent making it (collecting, encoding)
+
+
+class Renderings(Protocol):
+    """Where :class:`_EndpointApp` gets its answers: the registry in this process (:class:`_Renderer`), or
+    the serving process's collections, in the endpoint's helper process (:mod:`.http_process`)."""
+
+    async def rendering(self, variant: Variant) -> Rendering: ...
+
+
+T = TypeVar("T")
+
+
+class _Renderer:
+    """Collections of the registry, and what is made of them, within the renderings' CPU budgets.
+
+    A request gets an answer encoded from one collection of the registry that every variant (format,
+    compression, names) shares, each variant encoded from it once: a new collection while renderings have
+    used less than :data:`RENDER_SHARE` (every answer is then collected for its request), or when the last
+    one is :data:`MAX_AGE` old; else the last one. Under several scrapes a second the answers are up to
+    ``MAX_AGE`` old instead of the serving process slow, whatever variants the clients ask for, and
+    renderings take one collection per ``MAX_AGE`` plus one encoding per variant asked for (in the helper
+    process: one collection and its serialization). Where that would be more than :data:`REFRESH_SHARE`
+    of a core (a typical collection over 15 ms), a collection is kept until its cost is paid back at that
+    share instead.
     """
 
     def __init__(
@@ -290,11 +318,7 @@ class _EndpointApp:
     ) -> None:
         self._registry = registry
         self._now = clock.monotonic
-        self._cpu = cpu  # where the CPU of answers and renderings is read: the serving thread's by default
-        self._answering = 0.0  # CPU seconds answering requests took, from being taken up to being sent
-        self._requests = CpuBudget(CPU_SHARE, CPU_BURST, clock=lambda: self._answering, wall=clock)
-        # Connection (client address and port) -> when its last answer was sent, most recent last.
-        self._answered: OrderedDict[object, float] = OrderedDict()
+        self._cpu = cpu  # the CPU of the thread that renders: the serving process's
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered, wall=clock)
         self._snapshot: _Snapshot | None = None
@@ -306,39 +330,13 @@ class _EndpointApp:
         typical = statistics.median(self._costs) if self._costs else 0.0
         return max(MAX_AGE, typical / REFRESH_SHARE)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        method = scope["method"]
-        if method not in ("GET", "HEAD"):
-            await _send(send, 405, method_not_allowed(), head=method == "HEAD")
-            return
-        client = scope.get("client")
-        last = self._answered.get(client)
-        await self._requests.acquire(urgent=last is None or self._now() - last >= QUIET)
-        started = self._cpu()
-        try:
-            headers = request_headers(scope)
-            variant = variant_of(
-                headers.get("accept"),
-                headers.get("accept-encoding"),
-                scope.get("query_string", b"").decode("latin-1"),
-            )
-            answer, snapshot, collected = self._exposition(variant)
-            age = max(0.0, self._now() - snapshot.taken)
-            fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
-            if not collected:
-                fields.append(("Age", str(int(age))))
-            await respond(send, 200, fields, answer.body, head=method == "HEAD")
-        finally:
-            self._answering += self._cpu() - started
-            self._answered[client] = self._now()
-            self._answered.move_to_end(client)
-            if len(self._answered) > _CLIENTS_KEPT:
-                self._answered.popitem(last=False)
+    async def rendering(self, variant: Variant) -> Rendering:
+        answer, snapshot, collected, cpu = self.use(lambda snapshot: snapshot.answer(variant))
+        return Rendering(answer, snapshot.taken, collected, cpu)
 
-    def _exposition(self, variant: Variant) -> tuple[Exposition, _Snapshot, bool]:
-        """The answer for ``variant``, its collection, and whether that was collected for this request."""
+    def use(self, make: Callable[[_Snapshot], T]) -> tuple[T, _Snapshot, bool, float]:
+        """``make`` of the last collection or of a new one, its CPU counted with the collection's; the
+        collection, whether it was collected for this call, and the CPU seconds the call took."""
         started = self._cpu()
         try:
             snapshot, now = self._snapshot, self._now()
@@ -350,11 +348,91 @@ class _EndpointApp:
                 if snapshot is not None:
                     self._costs.append(snapshot.cost)
                 snapshot = self._snapshot = _Snapshot(families, now)
-            answer = snapshot.answer(variant)
-            snapshot.cost += self._cpu() - started
-            return answer, snapshot, collected
+            made = make(snapshot)
         finally:
-            self._rendered += self._cpu() - started
+            spent = self._cpu() - started
+            self._rendered += spent
+        snapshot.cost += spent
+        return made, snapshot, collected, spent
+
+    def charge(self, cpu: float) -> None:
+        """Count ``cpu`` seconds of renderings made elsewhere (the helper process's encodings) against the
+        renderings' budget, so that collections for every request stop at the same share either way."""
+        self._rendered += cpu
+
+    def reusable_until(self, snapshot: _Snapshot) -> float:
+        """Until when the last collection would be used again (its ``taken`` if it would not be now)."""
+        if self._rendering.available():
+            return snapshot.taken
+        return snapshot.taken + self._max_age()
+
+
+class _EndpointApp:
+    """:func:`start_http_server`'s app: the answers of :func:`make_asgi_app` within a CPU budget, from
+    collections at most :data:`MAX_AGE` old (:class:`_Renderer`).
+
+    A request waits while answers have used more than ``share`` of a core (:data:`CPU_SHARE` in the
+    serving process; :data:`HELPER_CPU_SHARE` in the endpoint's helper process, counting everything its
+    thread does, with ``whole_thread``), unless its connection is
+    new or was :data:`QUIET` since its last answer: such a request (a scrape at a normal pace) is taken up
+    at once, ahead of connections that scrape back to back, while the budget is less than
+    :data:`CPU_BURST` in debt. Each answer says how old its collection is (:data:`AGE_HEADER`).
+    """
+
+    def __init__(
+        self,
+        renderings: Renderings,
+        clock: LoopClock = SYSTEM_CLOCK,
+        cpu: Callable[[], float] = time.thread_time,
+        share: float = CPU_SHARE,
+        whole_thread: bool = False,
+    ) -> None:
+        self._renderings = renderings
+        self._now = clock.monotonic
+        self._cpu = cpu  # where the CPU of answers is read: the thread that answers
+        self._answering = 0.0  # CPU seconds answering requests took, from being taken up to being sent
+        # In the serving process only answers count (charging the parsing of a flood of trickling clients
+        # made every scrape wait for it); the helper process is there only to serve, so all of its loop's
+        # CPU counts, flat-out scrapers' parsing included.
+        counted = cpu if whole_thread else lambda: self._answering
+        self._requests = CpuBudget(share, CPU_BURST, clock=counted, wall=clock)
+        # Connection (client address and port) -> when its last answer was sent, most recent last.
+        self._answered: OrderedDict[object, float] = OrderedDict()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        if method not in ("GET", "HEAD"):
+            await _send(send, 405, method_not_allowed(), head=method == "HEAD")
+            return
+        client = scope.get("client")
+        last = self._answered.get(client)
+        await self._requests.acquire(urgent=last is None or self._now() - last >= QUIET)
+        # The CPU of this answer, not of what the loop did while it waited for a rendering from the
+        # serving process (other connections' requests): the rendering says what it cost this thread.
+        started, spent = self._cpu(), 0.0
+        try:
+            headers = request_headers(scope)
+            variant = variant_of(
+                headers.get("accept"),
+                headers.get("accept-encoding"),
+                scope.get("query_string", b"").decode("latin-1"),
+            )
+            spent, started = self._cpu() - started, math.nan
+            answer, taken, collected, cpu = await self._renderings.rendering(variant)
+            spent, started = spent + cpu, self._cpu()
+            age = max(0.0, self._now() - taken)
+            fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
+            if not collected:
+                fields.append(("Age", str(int(age))))
+            await respond(send, 200, fields, answer.body, head=method == "HEAD")
+        finally:
+            self._answering += spent + (0.0 if math.isnan(started) else self._cpu() - started)
+            self._answered[client] = self._now()
+            self._answered.move_to_end(client)
+            if len(self._answered) > _CLIENTS_KEPT:
+                self._answered.popitem(last=False)
 
 
 @dataclass
@@ -392,16 +470,25 @@ def validate_port(port: object) -> int:
 def start_http_server(
     port: int = DEFAULT_PORT, addr: str = DEFAULT_ADDRESS, registry: Collector | None = None
 ) -> MetricsServer:
-    """Serve ``registry`` over HTTP on ``addr:port`` from a daemon thread.
+    """Serve ``registry`` over HTTP on ``addr:port``: from a helper process, or from a daemon thread.
+
+    By default the HTTP work (connections, TLS, basic auth, answers) runs in a helper process
+    (:mod:`.http_process`), and one daemon thread of this process renders the registry when the helper
+    asks, at most once per :data:`MAX_AGE` plus one encoding per variant; with
+    ``INFERWATCH_HTTP_PROCESS=0``, where ``sys.executable`` is not a Python interpreter (a frozen or
+    embedding program), or where the helper does not start, everything runs in the thread, with answers
+    held to :data:`CPU_SHARE` of a core (docs/serving.md, "The metrics endpoint").
 
     ``port=0`` picks a free port (read it back from ``.port`` / ``.url``). Raises :class:`PortInUseError`
     when the port is taken, :class:`ListenError` when the address cannot be listened on, and ValueError
-    for a port out of range or an unusable web config (``INFERWATCH_WEB_CONFIG_FILE``: TLS, basic auth
-    and headers in the exporter-toolkit's format, as the exporter's ``--web.config.file``).
+    for a port out of range, a bad ``INFERWATCH_HTTP_PROCESS`` or an unusable web config
+    (``INFERWATCH_WEB_CONFIG_FILE``: TLS, basic auth and headers in the exporter-toolkit's format, as the
+    exporter's ``--web.config.file``).
     """
     validate_port(port)
     registry = registry if registry is not None else serving_registry()
     web = load_web_config(os.environ.get(WEB_CONFIG_ENV, ""))
+    in_process = not helper_process_wanted(os.environ)
     try:
         sock = bind(addr, port, Limits().backlog)
     except OSError as exc:
@@ -412,10 +499,33 @@ def start_http_server(
         raise ListenError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
     # Paths under /debug/ are the on-demand profiles' (docs/profiling.md), refused unless enabled; the
     # web config's TLS, basic auth and headers cover every path.
-    app = with_debug_routes(_EndpointApp(registry), DebugApp(multiprocess=multiprocess_dir() is not None))
-    server = HttpServer(guarded(app, web), sock, log, ssl_context=web.ssl_context)
-    thread = ServerThread(server, name="inferwatch-http")
-    thread.start()
+    debug = DebugApp(multiprocess=multiprocess_dir() is not None)
+    thread: ServerThread | None = None
+    if not in_process:
+        from inferwatch.instrumentation.http_process import HelperService
+
+        thread = ServerThread(HelperService(sock, _Renderer(registry), debug), name=THREAD_NAME)
+        try:
+            thread.start()
+        except (OSError, RuntimeError) as exc:
+            log.warning("metrics endpoint: %s; serving from a thread of this process instead", exc)
+            thread = None
+    if thread is None:
+        app = with_debug_routes(_EndpointApp(_Renderer(registry)), debug)
+        thread = ServerThread(
+            HttpServer(guarded(app, web), sock, log, ssl_context=web.ssl_context), THREAD_NAME
+        )
+        thread.start()
     return MetricsServer(
         address=addr, port=thread.server.port, _thread=thread, tls=web.ssl_context is not None
     )
+
+
+def helper_process_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether :func:`start_http_server` should serve from a helper process: ``INFERWATCH_HTTP_PROCESS``
+    (1, the default, or 0), and ``sys.executable`` a Python interpreter that can start one."""
+    value = environ.get(HTTP_PROCESS_ENV, "1").strip()
+    if value not in ("1", "0"):
+        raise ValueError(f"{HTTP_PROCESS_ENV} must be 1 or 0, got {environ[HTTP_PROCESS_ENV]!r}")
+    executable = os.path.basename(sys.executable or "")
+    return value == "1" and not getattr(sys, "frozen", False) and executable.startswith(("python", "pypy"))

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import http.client
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,15 +14,24 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import psutil
 import pytest
 from inferwatch.instrumentation.exposition import (
     AGE_HEADER,
     CPU_BURST,
     CPU_SHARE,
+    HELPER_CPU_SHARE,
+    HTTP_PROCESS_ENV,
     MAX_AGE,
     REFRESH_SHARE,
+    RENDER_BURST,
+    RENDER_SHARE,
+    THREAD_NAME,
+    MetricsServer,
     PortInUseError,
     _EndpointApp,
+    _Renderer,
+    helper_process_wanted,
     make_asgi_app,
     make_wsgi_app,
     multiprocess_registry,
@@ -33,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from tests.support import http_get, sample_value
 from tests.support.clock import ManualClock
 from tests.support.httpload import Load, Target
+from tests.support.services import wait_until
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"
 
@@ -190,23 +201,90 @@ def test_scrapes_within_the_budget_are_always_fresh(registry: CollectorRegistry)
             assert sample_value(body.decode(), "llm_fresh_events_total") == expected
 
 
+def _helper_of(server: MetricsServer) -> psutil.Process:
+    """The endpoint's helper process (:mod:`inferwatch.instrumentation.http_process`)."""
+    (helper,) = [p for p in psutil.Process().children() if p.name() == THREAD_NAME]
+    return helper
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 @pytest.mark.timing  # a CPU share over 3 s of wall time: in the timing tier, not the unit tier's
-def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(registry: CollectorRegistry) -> None:
+@pytest.mark.parametrize("helper", [True, False], ids=["helper-process", "thread"])
+def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(
+    registry: CollectorRegistry, helper: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HTTP_PROCESS_ENV, "1" if helper else "0")
     # A registry the size of an instrumented model's: rendering is the expensive part of a scrape.
     for i in range(60):
         Histogram(f"llm_test_histogram_{i}", "A histogram.", registry=registry).observe(0.1)
     with start_http_server(0, registry=registry) as server:
-        (thread,) = [t for t in threading.enumerate() if t.name == "inferwatch-http"]
+        (thread,) = [t for t in threading.enumerate() if t.name == THREAD_NAME]
         clock = time.pthread_getcpuclockid(thread.ident)
+        process = _helper_of(server) if helper else None
         with Load(Target("127.0.0.1", server.port), scrapers=50) as load:
             load.wait_for(20)
             cpu, wall = time.clock_gettime(clock), time.monotonic()
+            helper_cpu = _cpu_seconds(process) if process is not None else 0.0
             time.sleep(3)
-            share = (time.clock_gettime(clock) - cpu) / (time.monotonic() - wall)
-    # The budget's share plus its burst spread over the window, and some slack for the measurement.
-    assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
+            elapsed = time.monotonic() - wall
+            share = (time.clock_gettime(clock) - cpu) / elapsed
+            helper_share = (_cpu_seconds(process) - helper_cpu) / elapsed if process is not None else 0.0
+    if helper:
+        # The serving process only collects: once per MAX_AGE, or within the renderings' budget.
+        assert share < RENDER_SHARE + RENDER_BURST / 3 + 0.01, share
+        # The helper answers within its own budget (its parsing and waking are not counted in it).
+        assert helper_share < HELPER_CPU_SHARE + CPU_BURST / 3 + 0.05, helper_share
+    else:
+        # The budget's share plus its burst spread over the window, and some slack for the measurement.
+        assert share < CPU_SHARE + CPU_BURST / 3 + 0.01, share
     assert load.latencies.errors == [], load.latencies.errors[:5]
     assert len(load.latencies.seconds) > 50  # slowed down, still answered
+
+
+def test_the_helper_process_serves_restarts_and_goes_with_the_endpoint(registry: CollectorRegistry) -> None:
+    counter = Counter("llm_restart_events", "Events counted around a restart.", registry=registry)
+    with start_http_server(0, registry=registry) as server:
+        helper = _helper_of(server)
+        # It runs without this process's PYTHONPATH and imports neither torch nor a model.
+        assert helper.cmdline()[1] == "-I"
+        helper.kill()
+        helper.wait(10)
+        counter.inc()
+
+        def served() -> float | None:
+            try:
+                return sample_value(http_get(server.url, timeout=2)[1], "llm_restart_events_total")
+            except OSError:
+                return None
+
+        assert wait_until(served, timeout=30, what="the helper to be started again") == 1
+        again = _helper_of(server)
+        assert again.pid != helper.pid
+    # Closing the endpoint ends the helper and frees the port.
+    again.wait(10)
+    with pytest.raises(OSError):
+        http_get(server.url, timeout=1)
+
+
+def test_the_endpoint_serves_from_a_thread_where_no_helper_can_start(
+    registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/usr/local/bin/uwsgi")  # an embedding program: not tried
+    assert not helper_process_wanted({})
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3-missing")
+    with start_http_server(0, registry=registry) as server:  # the helper cannot be started: a thread serves
+        assert [p for p in psutil.Process().children() if p.name() == THREAD_NAME] == []
+        assert sample_value(http_get(server.url)[1], "llm_test_events_total") == 3
+
+
+@pytest.mark.parametrize("value", ["yes", "2", ""])
+def test_a_bad_http_process_setting_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=f"{HTTP_PROCESS_ENV} must be 1 or 0"):
+        helper_process_wanted({HTTP_PROCESS_ENV: value})
 
 
 class _Slow:
@@ -270,7 +348,7 @@ def _collections(text: str) -> float | None:
 def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> None:
     slow = _Slow(cpu=0.01)
     clock = ManualClock()  # the wall clock; the CPU is spent for real
-    app = _EndpointApp(slow, clock=clock)
+    app = _EndpointApp(_Renderer(slow, clock=clock), clock=clock)
     # Collected for each request until the renderings' budget is spent (its 50 ms burst: ~5 of these).
     for _ in range(10):
         headers, _ = _get(app, "text/plain", clock=clock)
@@ -328,9 +406,10 @@ def clocked() -> tuple[_Clock, _Costly, _Budget, Any]:
     """An endpoint app on clocks the test moves; its renderings' budget says what the test sets."""
     clock = _Clock()
     collector = _Costly(clock)
-    app = _EndpointApp(collector, clock=clock, cpu=clock.thread_time)
+    renderer = _Renderer(collector, clock=clock, cpu=clock.thread_time)
+    app = _EndpointApp(renderer, clock=clock, cpu=clock.thread_time)
     rendering = _Budget(True)
-    app._rendering = rendering  # type: ignore[assignment]
+    renderer._rendering = rendering  # type: ignore[assignment]
 
     def scrape(accept: str = "text/plain") -> tuple[float | None, str | None, str]:
         headers, text = _get(app, accept, clock=clock)

@@ -1,0 +1,434 @@
+"""The metrics endpoint's HTTP in a helper process of its own, so that no client costs the serving loop.
+
+Inside a serving process, every request the endpoint parses and answers takes the GIL from the model's
+Python thread: answering 50 scrapes a second in-process cost the serving loop 4-6 % of its tokens/s
+(docs/benchmarks.md, "The endpoint's helper process"). :func:`inferwatch.instrumentation.exposition.
+start_http_server` therefore starts this module as a child process (``inferwatch-http``), hands it the
+listening socket, and keeps one thread of its own that only renders the registry when the helper asks:
+
+* **the helper** (:func:`main`) runs the HTTP layer (:mod:`inferwatch.common.httpserver`: TLS, limits,
+  the connection cap), basic auth (bcrypt checks included), the request budget and its quiet-client rule
+  (:class:`~.exposition._EndpointApp`), and keeps the last answer of each variant until the serving
+  process says it would render it again (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
+* **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects and encodes
+  within the renderings' budgets (:class:`~.exposition._Renderer`), answers the forwarded ``/debug/``
+  requests, and starts the helper again if it dies (the listening socket stays open in between: the
+  kernel queues new connections).
+
+So the serving process spends, whatever the clients do, at most one collection per :data:`~.exposition.
+MAX_AGE` plus one encoding per variant asked for. The two talk over a socket pair in frames of a JSON head
+and a byte body. The helper exits when its control socket closes (the serving process closed the endpoint
+or died), when the serving process's PID is no longer its parent's, and on SIGTERM; it ignores SIGINT, so
+a Ctrl-C in a terminal reaches the serving process, which closes it. It imports no torch and no model
+code: it runs ``python -I`` with the serving process's ``sys.path``, so no ``sitecustomize`` on
+``PYTHONPATH`` (``inferwatch run``'s) runs in it, and it imports the same inferwatch as its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from inferwatch.common.authgate import guarded
+from inferwatch.common.httpserver import HttpServer, Receive, Scope, Send, name_os_thread, respond
+from inferwatch.common.lograte import RateLimit
+from inferwatch.common.webconfig import WebConfig, load_web_config
+from prometheus_client.metrics_core import Metric
+
+from .exposition import (
+    HELPER_CPU_SHARE,
+    THREAD_NAME,
+    WEB_CONFIG_ENV,
+    Rendering,
+    _EndpointApp,
+    _Renderer,
+    _Snapshot,
+)
+from .profiling_http import MAX_BODY_BYTES, DebugApp, with_debug_routes
+from .rendering import Variant
+
+log = logging.getLogger(__name__)
+log.addFilter(RateLimit())
+
+# Seconds the helper gets to start (an interpreter, uvicorn, the web config) before start_http_server
+# gives up on it; a loaded 2-core machine took 0.3-0.6 s.
+START_TIMEOUT = 30.0
+# Seconds between a helper's death and the next start, then between failed starts (the last repeats).
+_RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# Seconds the helper gets to finish in-flight answers and exit once its control socket closes.
+_EXIT_TIMEOUT = 5.0
+# Seconds between the helper's looks at whether the serving process is still its parent.
+_PARENT_CHECK = 1.0
+# The frame prefix: the head's and the body's lengths.
+_PREFIX = struct.Struct("!II")
+_MAX_HEAD = 1 << 20
+# The serving process's sys.path, for the helper (``python -I`` ignores PYTHONPATH).
+_PATH_ENV = "_INFERWATCH_HTTP_SYS_PATH"
+
+
+def _frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    encoded = json.dumps(head, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(encoded), len(body)) + encoded + body
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+    """The next frame; ``asyncio.IncompleteReadError`` once the other side has closed."""
+    head_size, body_size = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
+    if head_size > _MAX_HEAD:
+        raise ConnectionError(f"a frame head of {head_size} bytes")
+    head = json.loads(await reader.readexactly(head_size))
+    return head, await reader.readexactly(body_size) if body_size else b""
+
+
+# --- in the serving process --------------------------------------------------------------------------
+
+
+class HelperService:
+    """The serving process's side: starts the helper on ``sock``, renders for it, restarts it when it dies.
+
+    Runs on :class:`~inferwatch.common.httpserver.ServerThread`'s loop (``start``/``stop``/``port``).
+    """
+
+    def __init__(self, sock: socket.socket, renderer: _Renderer, debug: DebugApp) -> None:
+        self._sock = sock
+        self._port: int = sock.getsockname()[1]
+        self._renderer = renderer
+        self._debug = debug
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: asyncio.StreamWriter | None = None  # the running helper's control socket
+        self._supervisor: asyncio.Task[None] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self) -> None:
+        """Start the helper and wait until it serves; raises ``RuntimeError`` if it does not."""
+        channel = await self._spawn()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(*channel))
+
+    async def _spawn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        ours, theirs = socket.socketpair()
+        try:
+            command, env = _helper_command(self._sock.fileno(), theirs.fileno())
+            self._process = subprocess.Popen(
+                command, env=env, pass_fds=(self._sock.fileno(), theirs.fileno()), stdin=subprocess.DEVNULL
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        self._control = writer
+        try:
+            head, _ = await asyncio.wait_for(_read_frame(reader), START_TIMEOUT)
+            if head.get("op") != "ready":
+                raise ConnectionError(f"the helper said {head!r}")
+        except (OSError, EOFError, ValueError, asyncio.TimeoutError) as exc:
+            await self._end_helper()
+            raise RuntimeError(f"the metrics endpoint's helper process did not start: {exc!r}") from exc
+        return reader, writer
+
+    async def _supervise(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        delays = iter(_RESTART_DELAYS)
+        while True:
+            with contextlib.suppress(OSError, EOFError, ValueError):
+                while True:
+                    head, body = await _read_frame(reader)
+                    delays = iter(_RESTART_DELAYS)  # it served: a later death starts the delays afresh
+                    task = asyncio.get_running_loop().create_task(self._answer(head, body, writer))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+            if self._stopping:
+                return
+            code = await self._end_helper()
+            while not self._stopping:
+                delay = next(delays, _RESTART_DELAYS[-1])
+                log.warning(
+                    "the metrics endpoint's helper process exited (status %s): starting it again in %.1f s",
+                    code,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                try:
+                    reader, writer = await self._spawn()
+                    break
+                except (OSError, RuntimeError) as exc:
+                    code = exc
+
+    async def _answer(self, head: dict[str, Any], body: bytes, writer: asyncio.StreamWriter) -> None:
+        """Answer one request of the helper on ``writer``, its own control socket (not a helper's started
+        since, whose requests reuse the ids)."""
+        reply: dict[str, Any] = {"id": head.get("id")}
+        out = b""
+        try:
+            if head["op"] == "collect":
+                self._renderer.charge(head["encoded"])
+                out, snapshot, collected, _ = self._renderer.use(_shipped)
+                reply.update(
+                    taken=snapshot.taken,
+                    collected=collected,
+                    reusable_until=self._renderer.reusable_until(snapshot),
+                )
+                if snapshot.taken == head.get("taken"):  # the helper holds this one already
+                    out = b""
+            else:
+                status, out, headers = await self._debug.answer(_forwarded_scope(head), _body_of(body))
+                reply.update(status=status, headers=headers)
+        except Exception as exc:  # a broken collector: that request gets a 500, the endpoint goes on
+            log.warning("metrics endpoint: answering %s failed: %r", head.get("op"), exc)
+            reply["error"], out = repr(exc), b""
+        if not writer.is_closing():
+            writer.write(_frame(reply, out))
+
+    async def _end_helper(self) -> int | None:
+        """Close the control socket and wait for the helper to exit (killed if it does not); its status."""
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        process, self._process = self._process, None
+        if process is None:
+            return None
+        try:
+            return await asyncio.to_thread(process.wait, _EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return await asyncio.to_thread(process.wait)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self._end_helper()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        for task in list(self._answering):
+            task.cancel()
+        self._sock.close()
+
+
+def _helper_command(listen_fd: int, control_fd: int) -> tuple[list[str], dict[str, str]]:
+    """``python -I`` running :func:`main`, and its environment: this process's, with this process's
+    ``sys.path`` for the helper to import from (less ``inferwatch run``'s bootstrap directory, whose
+    ``sitecustomize`` would instrument the helper)."""
+    from .launcher import BOOTSTRAP_DIR
+
+    bootstrap = os.path.abspath(BOOTSTRAP_DIR)
+    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != bootstrap]
+    code = (
+        f"import json, os, sys; sys.path[:] = json.loads(os.environ.pop({_PATH_ENV!r})); "
+        "from inferwatch.instrumentation.http_process import main; sys.exit(main(sys.argv[1:]))"
+    )
+    command = [sys.executable, "-I", "-c", code, str(listen_fd), str(control_fd), str(os.getpid())]
+    return command, {**os.environ, _PATH_ENV: json.dumps(path)}
+
+
+def _shipped(snapshot: _Snapshot) -> bytes:
+    """The collection as the helper gets it: each family's name, help, type, unit and samples, pickled
+    (a third of what encoding it takes here; the helper encodes every variant from it). Plain tuples,
+    not the collector's own classes, which the helper may not be able to import."""
+    if snapshot.shipped is None:
+        families = [(f.name, f.documentation, f.type, f.unit, f.samples) for f in snapshot.families]
+        snapshot.shipped = pickle.dumps(families, protocol=pickle.HIGHEST_PROTOCOL)
+    return snapshot.shipped
+
+
+def _received(shipped: bytes) -> list[Metric]:
+    families = []
+    for name, documentation, kind, unit, samples in pickle.loads(shipped):
+        family = Metric(name, documentation, kind, unit)
+        family.samples = samples
+        families.append(family)
+    return families
+
+
+def _forwarded_scope(head: dict[str, Any]) -> Scope:
+    return {
+        "type": "http",
+        "method": head["method"],
+        "path": head["path"],
+        "query_string": head["query"].encode("latin-1"),
+        "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in head["headers"]],
+    }
+
+
+def _body_of(body: bytes) -> Receive:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+# --- in the helper process ---------------------------------------------------------------------------
+
+
+class _Channel:
+    """Requests to the serving process over the control socket, and their answers, matched by id."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+
+    def send(self, head: dict[str, Any], body: bytes = b"") -> None:
+        self._writer.write(_frame(head, body))
+
+    async def ask(self, head: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        ident, self._next = self._next, self._next + 1
+        answer = self._waiting[ident] = asyncio.get_running_loop().create_future()
+        try:
+            self.send({**head, "id": ident}, body)
+            reply, out = await answer
+        finally:
+            self._waiting.pop(ident, None)
+        if "error" in reply:
+            raise RuntimeError(f"the serving process could not answer: {reply['error']}")
+        return reply, out
+
+    async def run(self) -> None:
+        """Hand answers to their askers until the serving process closes the socket."""
+        try:
+            while True:
+                head, body = await _read_frame(self._reader)
+                answer = self._waiting.get(head.get("id"))
+                if answer is not None and not answer.done():
+                    answer.set_result((head, body))
+        except (OSError, EOFError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Fail what still waits for an answer (once the server has cut its requests), and close."""
+        for answer in self._waiting.values():
+            if not answer.done():
+                answer.set_exception(ConnectionError("the serving process closed the endpoint"))
+        self._writer.close()
+
+
+class _RemoteRenderings:
+    """Answers encoded here from the serving process's collections: the last one is used until the serving
+    process would collect again (``reusable_until``); requests that need a new one while it is being asked
+    for wait for that one."""
+
+    def __init__(self, channel: _Channel) -> None:
+        self._channel = channel
+        self._snapshot: _Snapshot | None = None
+        self._reusable_until = 0.0
+        self._asking: asyncio.Future[bool] | None = None
+        self._encoded = 0.0  # CPU seconds spent encoding since the last ask, charged to the renderings
+
+    async def rendering(self, variant: Variant) -> Rendering:
+        collected = False
+        if self._snapshot is None or time.monotonic() >= self._reusable_until:
+            asking = self._asking
+            if asking is None:
+                asking = self._asking = asyncio.ensure_future(self._ask())
+                asking.add_done_callback(self._asked)
+                collected = await asyncio.shield(asking)
+            else:
+                await asyncio.shield(asking)
+        snapshot = self._snapshot
+        assert snapshot is not None  # set by the ask, which raises otherwise
+        started = time.thread_time()
+        answer = snapshot.answer(variant)
+        cpu = time.thread_time() - started
+        self._encoded += cpu
+        return Rendering(answer, snapshot.taken, collected, cpu)
+
+    def _asked(self, asked: asyncio.Future[bool]) -> None:
+        self._asking = None
+        if not asked.cancelled():
+            asked.exception()  # retrieved: the requests that waited for it may all have been cut
+
+    async def _ask(self) -> bool:
+        """A collection from the serving process (the last one again, if it would not collect now);
+        whether it was collected for this ask."""
+        held = self._snapshot.taken if self._snapshot is not None else None
+        encoded, self._encoded = self._encoded, 0.0
+        head, body = await self._channel.ask({"op": "collect", "taken": held, "encoded": encoded})
+        if self._snapshot is None or head["taken"] != held:
+            self._snapshot = _Snapshot(_received(body), head["taken"])
+        self._reusable_until = head["reusable_until"]
+        return bool(head["collected"])
+
+
+def _forward_debug(channel: _Channel) -> Any:
+    """An ASGI app that answers ``/debug/`` requests with the serving process's :class:`DebugApp`."""
+
+    async def forward(scope: Scope, receive: Receive, send: Send) -> None:
+        # At most one byte beyond the bound: the serving process refuses the body as too large.
+        body = bytearray()
+        while len(body) <= MAX_BODY_BYTES:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+        head = {
+            "op": "debug",
+            "method": scope["method"],
+            "path": scope["path"],
+            "query": scope.get("query_string", b"").decode("latin-1"),
+            "headers": headers,
+        }
+        reply, out = await channel.ask(head, bytes(body[: MAX_BODY_BYTES + 1]))
+        fields = [(name, value) for name, value in reply["headers"]]
+        await respond(send, reply["status"], fields, out, head=scope["method"] == "HEAD")
+
+    return forward
+
+
+async def _serve(listener: socket.socket, control: socket.socket, web: WebConfig, parent: int) -> None:
+    reader, writer = await asyncio.open_connection(sock=control)
+    channel = _Channel(reader, writer)
+    app = _EndpointApp(_RemoteRenderings(channel), share=HELPER_CPU_SHARE, whole_thread=True)
+    server = HttpServer(
+        guarded(with_debug_routes(app, _forward_debug(channel)), web),
+        listener,
+        log,
+        ssl_context=web.ssl_context,
+    )
+    await server.start()
+    channel.send({"op": "ready"})
+    loop = asyncio.get_running_loop()
+    ended = loop.create_task(channel.run())
+    loop.add_signal_handler(signal.SIGTERM, ended.cancel)
+    try:
+        while not ended.done():
+            await asyncio.wait([ended], timeout=_PARENT_CHECK)
+            if os.getppid() != parent:  # the serving process died and something else adopted us
+                break
+    finally:
+        ended.cancel()
+        await server.stop()  # before the waiting requests fail: stopping cuts them without a word
+        channel.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    """The helper: ``LISTEN_FD CONTROL_FD PARENT_PID`` (what :class:`HelperService` passes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the serving process's to handle
+    name_os_thread(THREAD_NAME)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s inferwatch-http[%(process)d]: %(message)s")
+    listen_fd, control_fd, parent = (int(arg) for arg in argv)
+    listener = socket.socket(fileno=listen_fd)
+    control = socket.socket(fileno=control_fd)
+    # The serving process checked this file before starting the helper; a change in between is refused
+    # here, which the serving process sees as a helper that did not start.
+    web = load_web_config(os.environ.get(WEB_CONFIG_ENV, ""))
+    asyncio.run(_serve(listener, control, web, parent))
+    return 0
