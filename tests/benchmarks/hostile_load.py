@@ -17,6 +17,11 @@ hostile ones shows. Run from the repository root::
 
     python tests/benchmarks/hostile_load.py --json /tmp/hostile.json [--only slow_body,reload]
 
+``--endpoint instrumentation`` runs the same loads (but ``reload``: that endpoint reads its web config
+once) against ``start_http_server`` in a process that serves an instrumented model's worth of histograms
+and does nothing else: the RSS of that serving process and of the endpoint's helper process, which
+holds the connections, are read apart.
+
 Everything runs on 127.0.0.1; the load average is recorded before and after each scenario.
 """
 
@@ -53,50 +58,86 @@ GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 AFTER = 11.0
 
 
+#: ``--endpoint``: the exporter, or the instrumentation endpoint of a serving process.
+ENDPOINTS = ("exporter", "instrumentation")
+ENDPOINT = "exporter"
+# A serving process's metrics in miniature: a registry the size of an instrumented model's (60
+# histograms), served by start_http_server on the port given, and nothing else running.
+_SERVING = """
+import sys, time
+from prometheus_client import Histogram
+from inferwatch.instrumentation.exposition import start_http_server
+for i in range(60):
+    Histogram(f"llm_bench_histogram_{i}", "A histogram.").observe(0.1)
+start_http_server(int(sys.argv[1]))
+time.sleep(3600)
+"""
+
+
 @contextmanager
-def exporter(*extra: str) -> Iterator[tuple[int, subprocess.Popen]]:
+def endpoint(web: Path | None = None) -> Iterator[tuple[int, subprocess.Popen]]:
+    """The endpoint under attack (:data:`ENDPOINT`), with the web config ``web``; its port and process."""
     port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        "INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML,
-        "FAKE_NVML_SCENARIO": json.dumps({"gpus": 8}),
-    }
-    cmd = [sys.executable, "-m", "inferwatch.exporter", f"--web.listen-address=127.0.0.1:{port}", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    if ENDPOINT == "exporter":
+        env |= {"INFERWATCH_EXPORTER_NVML_MODULE": FAKE_NVML, "FAKE_NVML_SCENARIO": json.dumps({"gpus": 8})}
+        cmd = [sys.executable, "-m", "inferwatch.exporter", f"--web.listen-address=127.0.0.1:{port}"]
+        cmd += [f"--web.config.file={web}"] if web is not None else []
+    else:
+        env |= {"INFERWATCH_WEB_CONFIG_FILE": str(web)} if web is not None else {}
+        cmd = [sys.executable, "-c", _SERVING, str(port)]
     with exporter_listening(port, cmd, env) as popen:
         yield port, popen
 
 
 class ServerWatch:
-    """RSS and open TCP connections of the exporter, once a second."""
+    """RSS and open TCP connections of the server, once a second; for the instrumentation endpoint, the
+    serving process's RSS and its helper process's (which holds the connections) apart."""
 
     def __init__(self, pid: int) -> None:
         self.process = psutil.Process(pid)
+        self.helpers = [child for child in self.process.children() if child.name() == "inferwatch-http"]
         self.rss_start = self.rss()
         self.rss_peak = self.rss_start
+        self.helper_rss_start = self.helper_rss()
+        self.helper_rss_peak = self.helper_rss_start
         self.connections: list[tuple[float, int]] = []  # (seconds since start, open connections)
         self._started = time.monotonic()
 
     def rss(self) -> float:
         return self.process.memory_info().rss / 2**20
 
+    def helper_rss(self) -> float:
+        return sum(helper.memory_info().rss for helper in self.helpers) / 2**20
+
     def open_connections(self) -> int:
-        return sum(c.status == psutil.CONN_ESTABLISHED for c in self.process.net_connections("tcp"))
+        return sum(
+            c.status == psutil.CONN_ESTABLISHED
+            for process in (self.process, *self.helpers)
+            for c in process.net_connections("tcp")
+        )
 
     async def run(self, until: float) -> None:
         while time.monotonic() < until:
             with suppress(psutil.Error):
                 self.rss_peak = max(self.rss_peak, self.rss())
+                self.helper_rss_peak = max(self.helper_rss_peak, self.helper_rss())
                 self.connections.append((round(time.monotonic() - self._started, 1), self.open_connections()))
             await asyncio.sleep(1.0)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "rss_start_mb": round(self.rss_start, 1),
             "rss_peak_mb": round(self.rss_peak, 1),
             "open_connections_max": max((n for _, n in self.connections), default=0),
             "open_connections_by_second": self.connections[::5],
         }
+        if self.helpers:
+            out |= {
+                "helper_rss_start_mb": round(self.helper_rss_start, 1),
+                "helper_rss_peak_mb": round(self.helper_rss_peak, 1),
+            }
+        return out
 
 
 async def hold(target: Target, payload: bytes, until: float, read: bool, closed: list[float]) -> None:
@@ -159,12 +200,10 @@ async def attack(
     await asyncio.gather(watch.run(until), probe.wait(), *jobs(until))
     probed = json.loads((await probe.stdout.read()).decode())  # type: ignore[union-attr]
     await asyncio.sleep(AFTER)
-    return {
-        "probe": probed,
-        **watch.summary(),
-        "rss_after_mb": round(watch.rss(), 1),
-        "open_connections_after": watch.open_connections(),
-    }
+    after = {"rss_after_mb": round(watch.rss(), 1), "open_connections_after": watch.open_connections()}
+    if watch.helpers:
+        after["helper_rss_after_mb"] = round(watch.helper_rss(), 1)
+    return {"probe": probed, **watch.summary(), **after}
 
 
 def closed_summary(closed: list[float], count: int) -> dict[str, Any]:
@@ -206,7 +245,7 @@ def held(
 
 def slow_body(seconds: float) -> dict[str, Any]:
     head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n"
-    with exporter() as (port, popen):
+    with endpoint() as (port, popen):
         target = Target("127.0.0.1", port)
         return held(popen.pid, target, target, seconds, head, True, 1030, "slow")
 
@@ -215,14 +254,14 @@ def half_open_tls(seconds: float, workdir: Path) -> dict[str, Any]:
     cert, key = self_signed_certificate(workdir)
     web = workdir / "tls.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-    with exporter(f"--web.config.file={web}") as (port, popen):
+    with endpoint(web) as (port, popen):
         plain = Target("127.0.0.1", port)  # no ClientHello is ever sent
         probe = Target("127.0.0.1", port, tls=ssl.create_default_context(cafile=str(cert)))
         return held(popen.pid, probe, plain, seconds, b"", True, 1000, "half_open", str(cert))
 
 
 def pipelined(seconds: float, connections: int, payload: bytes, read: bool) -> dict[str, Any]:
-    with exporter() as (port, popen):
+    with endpoint() as (port, popen):
         target = Target("127.0.0.1", port)
         return held(popen.pid, target, target, seconds, payload, read, connections, "attackers")
 
@@ -237,7 +276,7 @@ def reload(seconds: float, workdir: Path) -> dict[str, Any]:
     token = base64.b64encode(b"prometheus:s3cret").decode()
     context = ssl.create_default_context(cafile=str(cert))
     out: dict[str, Any] = {}
-    with exporter(f"--web.config.file={web}") as (port, popen):
+    with endpoint(web) as (port, popen):
         target = Target("127.0.0.1", port, tls=context, headers=(("Authorization", f"Basic {token}"),))
         for phase, reloads in (("unloaded", 0), ("with_30_sighups", 30)):
             with load.Load(target, scrapers=50, period=0.2) as running:
@@ -261,10 +300,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds each attack lasts (default 20)")
+    parser.add_argument(
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="exporter",
+        help="the exporter (default), or start_http_server in a serving process (no SIGHUP: no reload)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
+    global ENDPOINT
+    ENDPOINT = args.endpoint
+    if ENDPOINT == "instrumentation" and "reload" in args.only.split(","):
+        parser.error("--only: the instrumentation endpoint reads its web config once: no reload scenario")
     load.raise_fd_limit(8192)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(sys.argv),
+        "endpoint": ENDPOINT,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             print(name, flush=True)

@@ -292,8 +292,9 @@ async def window(port: int, pid: int, requests: Path, kind: str, seconds: float)
     return {"kind": kind, "tokens_per_s": rate, "scrapes": out.summary(), **watch.summary()}
 
 
-def serve_model(port: int, requests: Path) -> None:
-    """The serving loop of the ``instrumentation`` part (``http_load.py serve-model PORT FILE``): every
+def serve_model(requests: Path, endpoints: list[str]) -> None:
+    """The serving loop of the ``instrumentation`` part (``http_load.py serve-model FILE ENDPOINT:PORT...``):
+    one endpoint per ``ENDPOINT:PORT`` (where it does its HTTP work, :data:`ENDPOINTS`), and every
     finished request appends ``<time.monotonic()> <tokens generated so far>`` to ``FILE``."""
     import torch
     from inferwatch.instrumentation import instrument
@@ -303,7 +304,10 @@ def serve_model(port: int, requests: Path) -> None:
     torch.set_num_threads(1)  # the serving loop on one core, the load generator on the other
     model = load_model("small-llama", device="cpu")
     instrument(model, model_name="small-llama")
-    start_http_server(port)
+    for endpoint in endpoints:
+        where, port = endpoint.split(":")
+        os.environ["INFERWATCH_HTTP_PROCESS"] = ENDPOINTS[where]  # an older tree ignores it: a thread
+        start_http_server(int(port))
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(prompt)
     generated = 0
@@ -315,59 +319,81 @@ def serve_model(port: int, requests: Path) -> None:
 
 
 INSTRUMENTATION_KINDS = ("scrapers50_paced", "scrapers50_flat_out", "trickle1000")
+#: ``--endpoints``: where the endpoint does its HTTP work (``INFERWATCH_HTTP_PROCESS``): a helper process,
+#: or a thread of the serving process (the only way before the helper, and the fallback).
+ENDPOINTS = {"helper": "1", "thread": "0"}
 
 
 def measure_instrumentation(
-    source: Path | None, rounds: int, seconds: float, workdir: Path, kinds: tuple[str, ...]
+    source: Path | None,
+    rounds: int,
+    seconds: float,
+    workdir: Path,
+    kinds: tuple[str, ...],
+    endpoints: tuple[str, ...],
 ) -> dict[str, Any]:
-    port = free_port()
-    requests = workdir / f"requests-{port}.log"
-    cmd = [sys.executable, __file__, "serve-model", str(port), str(requests)]
+    """Every endpoint in one serving process, loaded in turn (each loaded window between two unscraped
+    ones), so that they are compared over the same minutes of the same loop."""
+    ports = {endpoint: free_port() for endpoint in endpoints}
+    requests = workdir / f"requests-{min(ports.values())}.log"
+    cmd = [sys.executable, __file__, "serve-model", str(requests)]
+    cmd += [f"{endpoint}:{port}" for endpoint, port in ports.items()]
     windows: list[dict[str, Any]] = []
     with tempfile.TemporaryFile() as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environment(source))
         try:
-            wait_listening(port, popen, log, timeout=120)
+            for port in ports.values():
+                wait_listening(port, popen, log, timeout=120)
             deadline = time.monotonic() + 120
             while not (requests.exists() and requests.read_text()) and time.monotonic() < deadline:
                 time.sleep(0.5)  # the model is built and generating
             time.sleep(seconds)  # warm-up
 
-            def measure(kind: str) -> dict[str, Any]:
-                return load.run(lambda: window(port, popen.pid, requests, kind, seconds))
+            def measure(kind: str, endpoint: str) -> dict[str, Any]:
+                measured = load.run(lambda: window(ports[endpoint], popen.pid, requests, kind, seconds))
+                return {**measured, "endpoint": endpoint}
 
             for round_ in range(rounds):
                 for kind in kinds:
-                    # Each loaded window between two unscraped ones: the ratio to their mean cancels drift.
-                    windows.append(measure("unscraped"))
-                    windows.append(measure(kind))
-                    print(f"  round {round_}: {kind} {windows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
-            windows.append(measure("unscraped"))
+                    for endpoint in endpoints:
+                        # Each loaded window between two unscraped ones: their mean cancels drift.
+                        windows.append(measure("unscraped", endpoint))
+                        windows.append(measure(kind, endpoint))
+                        rate = windows[-1]["tokens_per_s"]
+                        print(f"  round {round_}: {kind}, {endpoint}: {rate:.1f} tok/s", flush=True)
+            windows.append(measure("unscraped", endpoints[-1]))
         finally:
             popen.terminate()
             popen.wait(timeout=60)
     summary: dict[str, Any] = {}
-    for kind in kinds:
-        ratios, latencies = [], []
-        for i, w in enumerate(windows):
-            if w["kind"] == kind:
-                around = (windows[i - 1]["tokens_per_s"] + windows[i + 1]["tokens_per_s"]) / 2
-                ratios.append(w["tokens_per_s"] / around)
-                latencies.append(w["scrapes"])
-        loaded = [w for w in windows if w["kind"] == kind]
-        ages = [w["scrapes"].get("collection_age_max_s") for w in loaded]
-        summary[kind] = {
-            "tokens_per_s_ratio_median": round(statistics.median(ratios), 4),
-            "ratios": [round(r, 4) for r in ratios],
-            "collection_age_max_s": max(ages) if None not in ages else None,
-            "scrapes": latencies,
-            "threads_max": max(w["threads_max"] for w in loaded),
-            "endpoint_thread_cpu_percent": [w.get("thread_cpu_percent_of_core") for w in loaded],
-        }
+    for endpoint in endpoints:
+        for kind in kinds:
+            summary.setdefault(endpoint, {})[kind] = _loaded_summary(windows, kind, endpoint)
     summary["unscraped_tokens_per_s"] = [
         round(w["tokens_per_s"], 1) for w in windows if w["kind"] == "unscraped"
     ]
     return {"windows": windows, "summary": summary}
+
+
+def _loaded_summary(windows: list[dict[str, Any]], kind: str, endpoint: str) -> dict[str, Any]:
+    ratios, latencies, loaded = [], [], []
+    for i, w in enumerate(windows):
+        if w["kind"] == kind and w["endpoint"] == endpoint:
+            around = (windows[i - 1]["tokens_per_s"] + windows[i + 1]["tokens_per_s"]) / 2
+            ratios.append(w["tokens_per_s"] / around)
+            latencies.append(w["scrapes"])
+            loaded.append(w)
+    ages = [w["scrapes"].get("collection_age_max_s") for w in loaded]
+    return {
+        "tokens_per_s_ratio_median": round(statistics.median(ratios), 4),
+        "tokens_per_s_ratio_mean": round(statistics.mean(ratios), 4),
+        "ratios": [round(r, 4) for r in ratios],
+        "collection_age_max_s": max(ages) if None not in ages else None,
+        "scrapes": latencies,
+        "threads_max": max(w["threads_max"] for w in loaded),
+        "endpoint_thread_cpu_percent": [w.get("thread_cpu_percent_of_core") for w in loaded],
+        "helper_process_cpu_percent": [w.get("helper_cpu_percent_of_core") for w in loaded],
+    }
 
 
 def versions() -> dict[str, str]:
@@ -384,7 +410,7 @@ def versions() -> dict[str, str]:
 
 def main() -> int:
     if sys.argv[1:2] == ["serve-model"]:
-        serve_model(int(sys.argv[2]), Path(sys.argv[3]))
+        serve_model(Path(sys.argv[2]), sys.argv[3:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="+", choices=("exporter", "signals", "instrumentation"))
@@ -397,6 +423,13 @@ def main() -> int:
         default=",".join(INSTRUMENTATION_KINDS),
         help=f"instrumentation windows to load, comma-separated (default: {','.join(INSTRUMENTATION_KINDS)})",
     )
+    parser.add_argument(
+        "--endpoints",
+        default="helper,thread",
+        help="instrumentation: where the endpoint does its HTTP work, comma-separated, each loaded in "
+        "turn in one serving process: helper (a process of its own), thread (in the serving process); a "
+        "--baseline tree serves from a thread",
+    )
     parser.add_argument("--quick", action="store_true", help="half the seconds of the exporter's scenarios")
     parser.add_argument("--real-nvml", action="store_true", help="the exporter reads this machine's GPUs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -404,6 +437,9 @@ def main() -> int:
     kinds = tuple(args.kinds.split(","))
     if not set(kinds) <= set(INSTRUMENTATION_KINDS):
         parser.error(f"--kinds: choose among {', '.join(INSTRUMENTATION_KINDS)}")
+    endpoints = tuple(args.endpoints.split(","))
+    if not set(endpoints) <= set(ENDPOINTS):
+        parser.error(f"--endpoints: choose among {', '.join(ENDPOINTS)}")
     global REAL_NVML
     REAL_NVML = args.real_nvml
     load.raise_fd_limit(8192)
@@ -430,13 +466,18 @@ def main() -> int:
                     results[part] = measure_signals(source, args.tries)
                 else:
                     results[part] = measure_instrumentation(
-                        source, args.rounds, args.window, Path(tmp), kinds
+                        source,
+                        args.rounds,
+                        args.window,
+                        Path(tmp),
+                        kinds,
+                        endpoints if source is None else ("thread",),
                     )
                 results[f"{part}_load_after"] = load.load_situation()
-    print(json.dumps({k: _brief(v) for k, v in report["results"].items()}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"written to {args.json}")
+    print(json.dumps({k: _brief(v) for k, v in report["results"].items()}, indent=1))
     return 0
 
 

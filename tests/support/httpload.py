@@ -248,31 +248,39 @@ async def slow_client(target: Target, until: float, byte_every: float | None, ou
 
 class ProcessWatch:
     """Threads, RSS and CPU time of a server process, sampled while a scenario runs; with ``thread``, also
-    the CPU time of the process's thread of that OS name (``/proc/PID/task/*/comm``)."""
+    the CPU time of the process's threads of that OS name (``/proc/PID/task/*/comm``), and of its child
+    processes of that name (the instrumentation endpoint's helper process)."""
 
     def __init__(self, pid: int, thread: str | None = None) -> None:
         self.process = psutil.Process(pid)
         self.threads_max = 0
         self.rss_max = 0
-        self._tid = self._find(thread) if thread else None
+        self._tids = self._find(thread) if thread else set()
+        self._helpers = [child for child in self.process.children() if thread and child.name() == thread]
         self._cpu_start = self._cpu()
         self._thread_start = self._thread_cpu()
+        self._helpers_start = self._helpers_cpu()
         self._started = time.monotonic()
 
-    def _find(self, name: str) -> int | None:
+    def _helpers_cpu(self) -> float:
+        total = 0.0
+        for helper in self._helpers:
+            with contextlib.suppress(psutil.Error):
+                times = helper.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def _find(self, name: str) -> set[int]:
+        """The process's threads of OS name ``name`` (several endpoints in one process: their sum)."""
+        found = set()
         for task in Path(f"/proc/{self.process.pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 if (task / "comm").read_text().strip() == name:
-                    return int(task.name)
-        return None
+                    found.add(int(task.name))
+        return found
 
     def _thread_cpu(self) -> float:
-        if self._tid is None:
-            return 0.0
-        for thread in self.process.threads():
-            if thread.id == self._tid:
-                return thread.user_time + thread.system_time
-        return 0.0
+        return sum(t.user_time + t.system_time for t in self.process.threads() if t.id in self._tids)
 
     def _cpu(self) -> float:
         times = self.process.cpu_times()
@@ -292,9 +300,13 @@ class ProcessWatch:
             "rss_max_mb": round(self.rss_max / 2**20, 1),
             "cpu_percent_of_core": round(100 * (self._cpu() - self._cpu_start) / elapsed, 1),
         }
-        if self._tid is not None:
+        if self._tids:
             out["thread_cpu_percent_of_core"] = round(
                 100 * (self._thread_cpu() - self._thread_start) / elapsed, 2
+            )
+        if self._helpers:
+            out["helper_cpu_percent_of_core"] = round(
+                100 * (self._helpers_cpu() - self._helpers_start) / elapsed, 2
             )
         return out
 
