@@ -33,6 +33,7 @@ from inferwatch.instrumentation.exposition import (
     WEB_CONFIG_ENV,
     ListenError,
     PortInUseError,
+    helper_process_wanted,
     validate_port,
 )
 from inferwatch.instrumentation.middleware import stop_setting_from_env
@@ -206,6 +207,7 @@ def check_endpoint_environment(environ: Mapping[str, str]) -> None:
     try:
         ProfileConfig.from_env(environ)
         load_web_config(environ.get(WEB_CONFIG_ENV, ""))
+        helper_process_wanted(environ)
         stop_setting_from_env(environ)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -87,6 +87,11 @@ def a_file(tmp_path: Path) -> Path:
             "inferwatch run: INFERWATCH_STOP_GENERATION_ON_DISCONNECT must be 1 or 0, got 'maybe'",
         ),
         (
+            ["run", "--", "true"],
+            {"INFERWATCH_HTTP_PROCESS": "yes"},
+            "inferwatch run: INFERWATCH_HTTP_PROCESS must be 1 or 0, got 'yes'",
+        ),
+        (
             ["exporter", "--web.telemetry-path=/a b"],
             {},
             "inferwatch-exporter: argument --web.telemetry-path:",
