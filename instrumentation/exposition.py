@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 import statistics
 import sys
@@ -110,9 +109,9 @@ DEFAULT_ADDRESS = "127.0.0.1"
 #: of trickling clients (5.9 s). The serving loop's Python thread loses about as much to it through the
 #: GIL (docs/benchmarks.md).
 CPU_SHARE = 0.025
-#: The share of one core the endpoint's helper process may spend answering, in the same way: its CPU is
-#: not the serving loop's (no GIL is shared), so the bound is there for the machine's other work, and is
-#: set where 50 scrapers a second are answered without waiting (docs/benchmarks.md).
+#: The share of one core the endpoint's helper process may spend, all of its loop's CPU counted (parsing
+#: too): its CPU is not the serving loop's (no GIL is shared), so the bound is there for the machine's
+#: other work, and is set where 50 scrapers a second are answered without waiting (docs/benchmarks.md).
 HELPER_CPU_SHARE = 0.1
 #: CPU seconds it may spend at once after a quiet spell (a burst of scrapes is answered without delay).
 CPU_BURST = 0.1
@@ -411,24 +410,27 @@ class _EndpointApp:
         await self._requests.acquire(urgent=last is None or self._now() - last >= QUIET)
         # The CPU of this answer, not of what the loop did while it waited for a rendering from the
         # serving process (other connections' requests): the rendering says what it cost this thread.
-        started, spent = self._cpu(), 0.0
+        spent = 0.0
         try:
+            started = self._cpu()
             headers = request_headers(scope)
             variant = variant_of(
                 headers.get("accept"),
                 headers.get("accept-encoding"),
                 scope.get("query_string", b"").decode("latin-1"),
             )
-            spent, started = self._cpu() - started, math.nan
+            spent += self._cpu() - started
             answer, taken, collected, cpu = await self._renderings.rendering(variant)
-            spent, started = spent + cpu, self._cpu()
+            spent += cpu
+            started = self._cpu()
             age = max(0.0, self._now() - taken)
             fields = [*answer.headers, (AGE_HEADER, f"{age:.3f}")]
             if not collected:
                 fields.append(("Age", str(int(age))))
             await respond(send, 200, fields, answer.body, head=method == "HEAD")
+            spent += self._cpu() - started
         finally:
-            self._answering += spent + (0.0 if math.isnan(started) else self._cpu() - started)
+            self._answering += spent
             self._answered[client] = self._now()
             self._answered.move_to_end(client)
             if len(self._answered) > _CLIENTS_KEPT:
