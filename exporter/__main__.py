@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import gc
 import logging
 import os
 import signal
@@ -13,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from inferwatch.common.heap import return_freed_memory, trim_freed_memory
 from inferwatch.common.webconfig import check_reload, load_web_config
 
 from .config import ENV_PREFIX, PROG, ExporterConfig, parse_config
@@ -26,10 +24,6 @@ log = logging.getLogger("inferwatch.exporter")
 
 # SIGTERM and SIGINT stop the exporter; SIGHUP reloads the web config file.
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-# mallopt(3)'s M_MMAP_THRESHOLD, and the value: blocks of 64 KiB and more are mapped, and unmapped when freed.
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 64 * 1024
-_TRIM_SECONDS = 5.0
 
 
 def version() -> str:
@@ -53,33 +47,6 @@ def load_nvml(config: ExporterConfig) -> ModuleType | None:
             exc,
         )
         return None
-
-
-def return_freed_memory() -> None:
-    """Make glibc give large freed blocks back to the kernel for the life of the process.
-
-    glibc serves a block over its mmap threshold from a mapping of its own, unmapped when freed, but
-    raises the threshold at every such free (up to 32 MiB): after a flood of connections their buffers
-    (asyncio's 256 KiB TLS buffer, answers being written) come from the heap, and the flood's peak stays
-    resident. Setting the threshold fixes it (docs/benchmarks.md, "Hostile clients"). The exporter's
-    process is its own; the instrumentation endpoint, inside a model server, leaves malloc alone.
-    """
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-
-
-async def trim_freed_memory() -> None:
-    """Every few seconds, collect garbage and give the heap's free pages back to the kernel
-    (``malloc_trim``): the smaller blocks a flood of connections leaves freed (reads, parsed requests)
-    are holes glibc otherwise keeps resident. A few milliseconds for the exporter's few tens of MB."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    while True:
-        await asyncio.sleep(_TRIM_SECONDS)
-        gc.collect()  # a closed connection is reference cycles (uvicorn's protocol and request cycles)
-        trim(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferwatch.common.authgate import guarded
+from inferwatch.common.heap import return_freed_memory, trim_freed_memory
 from inferwatch.common.httpserver import HttpServer, Receive, Scope, Send, name_os_thread, respond
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import WebConfig, load_web_config
@@ -407,6 +408,7 @@ async def _serve(listener: socket.socket, control: socket.socket, web: WebConfig
     channel.send({"op": "ready"})
     loop = asyncio.get_running_loop()
     ended = loop.create_task(channel.run())
+    trimming = loop.create_task(trim_freed_memory())  # held: the loop keeps only a weak reference
     loop.add_signal_handler(signal.SIGTERM, ended.cancel)
     try:
         while not ended.done():
@@ -415,6 +417,7 @@ async def _serve(listener: socket.socket, control: socket.socket, web: WebConfig
                 break
     finally:
         ended.cancel()
+        trimming.cancel()
         await server.stop()  # before the waiting requests fail: stopping cuts them without a word
         channel.close()
 
@@ -423,6 +426,7 @@ def main(argv: Sequence[str]) -> int:
     """The helper: ``LISTEN_FD CONTROL_FD PARENT_PID`` (what :class:`HelperService` passes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the serving process's to handle
     name_os_thread(THREAD_NAME)
+    return_freed_memory()  # a process of its own, unlike the serving process: its floods leave no peak
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s inferwatch-http[%(process)d]: %(message)s")
     listen_fd, control_fd, parent = (int(arg) for arg in argv)
     listener = socket.socket(fileno=listen_fd)

@@ -72,8 +72,9 @@ GPUS = 8
 
 
 def environment(source: Path | None) -> dict[str, str]:
-    """The environment of a process running the current tree, or the one in ``source``."""
-    path = [str(REPO_ROOT)]
+    """The environment of a process running the current tree, or the one in ``source``, before what was
+    on ``PYTHONPATH`` (carried packages on a machine where nothing can be installed)."""
+    path = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     if source is not None:
         path.insert(0, str(source))
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -296,18 +297,23 @@ def serve_model(requests: Path, endpoints: list[str]) -> None:
     """The serving loop of the ``instrumentation`` part (``http_load.py serve-model FILE ENDPOINT:PORT...``):
     one endpoint per ``ENDPOINT:PORT`` (where it does its HTTP work, :data:`ENDPOINTS`), and every
     finished request appends ``<time.monotonic()> <tokens generated so far>`` to ``FILE``."""
+    import psutil
     import torch
     from inferwatch.instrumentation import instrument
     from inferwatch.instrumentation.exposition import start_http_server
     from inferwatch.instrumentation.models import load_model
 
     torch.set_num_threads(1)  # the serving loop on one core, the load generator on the other
+    pinned = _pin(SERVING_CPU)
     model = load_model("small-llama", device="cpu")
     instrument(model, model_name="small-llama")
     for endpoint in endpoints:
         where, port = endpoint.split(":")
         os.environ["INFERWATCH_HTTP_PROCESS"] = ENDPOINTS[where]  # an older tree ignores it: a thread
         start_http_server(int(port))
+    if pinned:  # an endpoint's helper process serves beside the load generator, not on the loop's core
+        for helper in psutil.Process().children():
+            helper.cpu_affinity([LOAD_CPU])
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(prompt)
     generated = 0
@@ -319,6 +325,20 @@ def serve_model(requests: Path, endpoints: list[str]) -> None:
 
 
 INSTRUMENTATION_KINDS = ("scrapers50_paced", "scrapers50_flat_out", "trickle1000")
+#: With two CPUs or more, the serving process runs on the first and the load generator (with the
+#: endpoint's helper process) on the second, so that the loop's tokens/s shows what the endpoint takes from
+#: it (the GIL, in its process) rather than what the load generator's own clients take from the machine.
+SERVING_CPU, LOAD_CPU = 0, 1
+
+
+def _pin(cpu: int) -> bool:
+    """Run this process on ``cpu`` alone, where the machine has two CPUs or more; whether it did."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return False
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cpu]})
+    return True
+
+
 #: ``--endpoints``: where the endpoint does its HTTP work (``INFERWATCH_HTTP_PROCESS``): a helper process,
 #: or a thread of the serving process (the only way before the helper, and the fallback).
 ENDPOINTS = {"helper": "1", "thread": "0"}
@@ -339,8 +359,10 @@ def measure_instrumentation(
     cmd = [sys.executable, __file__, "serve-model", str(requests)]
     cmd += [f"{endpoint}:{port}" for endpoint, port in ports.items()]
     windows: list[dict[str, Any]] = []
+    cpus = os.sched_getaffinity(0)
     with tempfile.TemporaryFile() as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environment(source))
+        pinned = _pin(LOAD_CPU)
         try:
             for port in ports.values():
                 wait_listening(port, popen, log, timeout=120)
@@ -365,7 +387,8 @@ def measure_instrumentation(
         finally:
             popen.terminate()
             popen.wait(timeout=60)
-    summary: dict[str, Any] = {}
+            os.sched_setaffinity(0, cpus)
+    summary: dict[str, Any] = {"pinned": pinned}
     for endpoint in endpoints:
         for kind in kinds:
             summary.setdefault(endpoint, {})[kind] = _loaded_summary(windows, kind, endpoint)
