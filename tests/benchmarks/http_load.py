@@ -22,7 +22,10 @@ unscraped, 50 keep-alive scrapers at one scrape a second, 50 scrapers back to ba
 trickling a byte a second (``--kinds`` picks among the three); each loaded window's tokens/s against the
 mean of the unscraped windows on either side, the scrapers' latencies, the age of the collections the
 answers stated (``Inferwatch-Collection-Age``, where the endpoint sends it), and the CPU of the
-endpoint's thread.
+endpoint's thread in the serving process and of its helper process. ``--endpoints helper,thread`` (the
+default) serves both from the one serving process, the helper process and a thread of the serving
+process (``INFERWATCH_HTTP_PROCESS``), and loads them in turn; with two CPUs or more the serving
+process is pinned to the first, the load generator and the helper to the second.
 
 ``--baseline DIR`` runs the same against an older tree laid out as a package, e.g. the commit before
 issue 15::
