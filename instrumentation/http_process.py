@@ -1,27 +1,30 @@
 """The metrics endpoint's HTTP in a helper process of its own, so that no client costs the serving loop.
 
 Inside a serving process, every request the endpoint parses and answers takes the GIL from the model's
-Python thread: answering 50 scrapes a second in-process cost the serving loop 4-6 % of its tokens/s
+Python thread: answering 50 scrapes a second in-process took 3.5-8.6 % of a core from it
 (docs/benchmarks.md, "The endpoint's helper process"). :func:`inferwatch.instrumentation.exposition.
 start_http_server` therefore starts this module as a child process (``inferwatch-http``), hands it the
-listening socket, and keeps one thread of its own that only renders the registry when the helper asks:
+listening socket, and keeps one thread of its own that only collects the registry when the helper asks:
 
 * **the helper** (:func:`main`) runs the HTTP layer (:mod:`inferwatch.common.httpserver`: TLS, limits,
   the connection cap), basic auth (bcrypt checks included), the request budget and its quiet-client rule
-  (:class:`~.exposition._EndpointApp`), and keeps the last answer of each variant until the serving
-  process says it would render it again (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
-* **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects and encodes
-  within the renderings' budgets (:class:`~.exposition._Renderer`), answers the forwarded ``/debug/``
-  requests, and starts the helper again if it dies (the listening socket stays open in between: the
-  kernel queues new connections).
+  (:class:`~.exposition._EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
+  collection it got, which it uses until the serving process says it would collect again
+  (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
+* **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
+  renderings' budgets (:class:`~.exposition._Renderer`, charged with the helper's encodings too) and
+  sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
+  again if it dies (the listening socket stays open in between: the kernel queues new connections).
 
-So the serving process spends, whatever the clients do, at most one collection per :data:`~.exposition.
-MAX_AGE` plus one encoding per variant asked for. The two talk over a socket pair in frames of a JSON head
-and a byte body. The helper exits when its control socket closes (the serving process closed the endpoint
-or died), when the serving process's PID is no longer its parent's, and on SIGTERM; it ignores SIGINT, so
-a Ctrl-C in a terminal reaches the serving process, which closes it. It imports no torch and no model
-code: it runs ``python -I`` with the serving process's ``sys.path``, so no ``sitecustomize`` on
-``PYTHONPATH`` (``inferwatch run``'s) runs in it, and it imports the same inferwatch as its parent.
+So the serving process spends, whatever the clients do, one collection and its pickling per
+:data:`~.exposition.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
+frames of a JSON head and a byte body. The helper exits when its control socket closes (the serving
+process closed the endpoint or died), when the serving process's PID is no longer its parent's, and on
+SIGTERM; it ignores SIGINT, so a Ctrl-C in a terminal reaches the serving process, which closes it. It
+imports no torch and no model code: it runs ``python -I`` with the serving process's ``sys.path``, so no
+``sitecustomize`` on ``PYTHONPATH`` (``inferwatch run``'s) runs in it, and it imports the same inferwatch
+as its parent. Being a process of its own, it gives a flood's memory back (:mod:`inferwatch.common.heap`),
+which a model server's process must not be made to do.
 """
 
 from __future__ import annotations
