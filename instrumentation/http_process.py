@@ -51,15 +51,8 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import WebConfig, load_web_config
 from prometheus_client.metrics_core import Metric
 
-from .exposition import (
-    HELPER_CPU_SHARE,
-    THREAD_NAME,
-    WEB_CONFIG_ENV,
-    Rendering,
-    _EndpointApp,
-    _Renderer,
-    _Snapshot,
-)
+from .endpoint_app import HELPER_CPU_SHARE, Rendering, _EndpointApp, _Renderer, _Snapshot
+from .exposition import THREAD_NAME, WEB_CONFIG_ENV
 from .profiling_http import MAX_BODY_BYTES, DebugApp, with_debug_routes
 from .rendering import Variant
 

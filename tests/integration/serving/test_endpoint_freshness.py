@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.exposition import AGE_HEADER, MAX_AGE, MetricsServer, start_http_server
+from inferwatch.instrumentation.endpoint_app import AGE_HEADER, MAX_AGE
+from inferwatch.instrumentation.exposition import MetricsServer, start_http_server
 from inferwatch.instrumentation.models import build_model, encode_text
 from prometheus_client import CollectorRegistry, Counter
 from transformers.generation.streamers import BaseStreamer

@@ -16,21 +16,23 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psutil
 import pytest
-from inferwatch.instrumentation.exposition import (
+from inferwatch.instrumentation.endpoint_app import (
     AGE_HEADER,
     CPU_BURST,
     CPU_SHARE,
     HELPER_CPU_SHARE,
-    HTTP_PROCESS_ENV,
     MAX_AGE,
     REFRESH_SHARE,
     RENDER_BURST,
     RENDER_SHARE,
+    _EndpointApp,
+    _Renderer,
+)
+from inferwatch.instrumentation.exposition import (
+    HTTP_PROCESS_ENV,
     THREAD_NAME,
     MetricsServer,
     PortInUseError,
-    _EndpointApp,
-    _Renderer,
     helper_process_wanted,
     make_asgi_app,
     make_wsgi_app,
