@@ -31,7 +31,6 @@ from inferwatch.instrumentation.endpoint_app import (
 from inferwatch.instrumentation.exposition import (
     HTTP_PROCESS_ENV,
     THREAD_NAME,
-    MetricsServer,
     PortInUseError,
     helper_process_wanted,
     make_asgi_app,
@@ -203,8 +202,8 @@ def test_scrapes_within_the_budget_are_always_fresh(registry: CollectorRegistry)
             assert sample_value(body.decode(), "llm_fresh_events_total") == expected
 
 
-def _helper_of(server: MetricsServer) -> psutil.Process:
-    """The endpoint's helper process (:mod:`inferwatch.instrumentation.http_process`)."""
+def _helper() -> psutil.Process:
+    """This process's endpoint helper process (:mod:`inferwatch.instrumentation.http_process`)."""
     (helper,) = [p for p in psutil.Process().children() if p.name() == THREAD_NAME]
     return helper
 
@@ -226,7 +225,7 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(
     with start_http_server(0, registry=registry) as server:
         (thread,) = [t for t in threading.enumerate() if t.name == THREAD_NAME]
         clock = time.pthread_getcpuclockid(thread.ident)
-        process = _helper_of(server) if helper else None
+        process = _helper() if helper else None
         with Load(Target("127.0.0.1", server.port), scrapers=50) as load:
             load.wait_for(20)
             cpu, wall = time.clock_gettime(clock), time.monotonic()
@@ -238,7 +237,7 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(
     if helper:
         # The serving process only collects: once per MAX_AGE, or within the renderings' budget.
         assert share < RENDER_SHARE + RENDER_BURST / 3 + 0.01, share
-        # The helper answers within its own budget (its parsing and waking are not counted in it).
+        # The helper keeps to its own budget, which counts everything its loop does.
         assert helper_share < HELPER_CPU_SHARE + CPU_BURST / 3 + 0.05, helper_share
     else:
         # The budget's share plus its burst spread over the window, and some slack for the measurement.
@@ -250,9 +249,8 @@ def test_a_flood_of_scrapes_takes_a_bounded_share_of_a_core(
 def test_the_helper_process_serves_restarts_and_goes_with_the_endpoint(registry: CollectorRegistry) -> None:
     counter = Counter("llm_restart_events", "Events counted around a restart.", registry=registry)
     with start_http_server(0, registry=registry) as server:
-        helper = _helper_of(server)
-        # It runs without this process's PYTHONPATH and imports neither torch nor a model.
-        assert helper.cmdline()[1] == "-I"
+        helper = _helper()
+        assert helper.cmdline()[1] == "-I"  # isolated from PYTHONPATH and its sitecustomize
         helper.kill()
         helper.wait(10)
         counter.inc()
@@ -264,7 +262,7 @@ def test_the_helper_process_serves_restarts_and_goes_with_the_endpoint(registry:
                 return None
 
         assert wait_until(served, timeout=30, what="the helper to be started again") == 1
-        again = _helper_of(server)
+        again = _helper()
         assert again.pid != helper.pid
     # Closing the endpoint ends the helper and frees the port.
     again.wait(10)
