@@ -8,16 +8,16 @@ listening socket, and keeps one thread of its own that only collects the registr
 
 * **the helper** (:func:`main`) runs the HTTP layer (:mod:`inferwatch.common.httpserver`: TLS, limits,
   the connection cap), basic auth (bcrypt checks included), the request budget and its quiet-client rule
-  (:class:`~.exposition._EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
+  (:class:`~.endpoint_app._EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
   collection it got, which it uses until the serving process says it would collect again
   (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
 * **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
-  renderings' budgets (:class:`~.exposition._Renderer`, charged with the helper's encodings too) and
+  renderings' budgets (:class:`~.endpoint_app._Renderer`, charged with the helper's encodings too) and
   sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
   again if it dies (the listening socket stays open in between: the kernel queues new connections).
 
 So the serving process spends, whatever the clients do, one collection and its pickling per
-:data:`~.exposition.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
+:data:`~.endpoint_app.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
 frames of a JSON head and a byte body. The helper exits when its control socket closes (the serving
 process closed the endpoint or died), when the serving process's PID is no longer its parent's, and on
 SIGTERM; it ignores SIGINT, so a Ctrl-C in a terminal reaches the serving process, which closes it. It
@@ -53,7 +53,7 @@ from prometheus_client.metrics_core import Metric
 
 from .endpoint_app import HELPER_CPU_SHARE, Rendering, _EndpointApp, _Renderer, _Snapshot
 from .exposition import THREAD_NAME, WEB_CONFIG_ENV
-from .profiling_http import MAX_BODY_BYTES, DebugApp, with_debug_routes
+from .profiling_http import DebugApp, read_body, with_debug_routes
 from .rendering import Variant
 
 log = logging.getLogger(__name__)
@@ -368,13 +368,8 @@ def _forward_debug(channel: _Channel) -> Any:
     """An ASGI app that answers ``/debug/`` requests with the serving process's :class:`DebugApp`."""
 
     async def forward(scope: Scope, receive: Receive, send: Send) -> None:
-        # At most one byte beyond the bound: the serving process refuses the body as too large.
-        body = bytearray()
-        while len(body) <= MAX_BODY_BYTES:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        # A body over the bound arrives one byte too long: the serving process refuses it as too large.
+        body = await read_body(receive)
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
         head = {
             "op": "debug",
@@ -383,7 +378,7 @@ def _forward_debug(channel: _Channel) -> Any:
             "query": scope.get("query_string", b"").decode("latin-1"),
             "headers": headers,
         }
-        reply, out = await channel.ask(head, bytes(body[: MAX_BODY_BYTES + 1]))
+        reply, out = await channel.ask(head, body)
         fields = [(name, value) for name, value in reply["headers"]]
         await respond(send, reply["status"], fields, out, head=scope["method"] == "HEAD")
 

@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
 from inferwatch.instrumentation.exposition import THREAD_NAME, start_http_server
+from inferwatch.instrumentation.profiling_http import MAX_BODY_BYTES
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.support import http_get, sample_value
@@ -68,3 +71,23 @@ def test_the_helper_ignores_a_terminals_ctrl_c() -> None:
         helper.send_signal(signal.SIGINT)  # what a Ctrl-C sends the whole foreground process group
         assert sample_value(http_get(server.url)[1], "llm_ctrl_c_events_total") == 1
         assert helper.is_running() and helper.status() != psutil.STATUS_ZOMBIE
+
+
+def test_a_forwarded_debug_body_over_the_bound_is_refused_as_too_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INFERWATCH_PROFILE", "1")
+    with start_http_server(0, registry=CollectorRegistry()) as server:
+        url = server.url.replace("/metrics", "/debug/alertmanager")
+        # A webhook payload padded past the bound, which the helper forwards one byte too long.
+        padded = b'{"groupKey": "g", "status": "resolved", "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
+        for body, status in ((padded, 400), (b'{"groupKey": "g", "status": "resolved"}', 200)):
+            request = urllib.request.Request(url, data=body, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    got, text = answer.status, answer.read().decode()
+            except urllib.error.HTTPError as exc:
+                got, text = exc.code, exc.read().decode()
+            assert got == status, text
+            if status == 400:
+                assert f"over {MAX_BODY_BYTES} bytes" in text
