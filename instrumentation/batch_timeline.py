@@ -17,8 +17,9 @@ import time
 from typing import Any
 
 from inferwatch.instrumentation.instrumented import InstrumentedModel
-from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, call_timed_around, failure_status
-from inferwatch.instrumentation.series import Observations
+from inferwatch.instrumentation.observations import Observations
+from inferwatch.instrumentation.outcomes import failure_status
+from inferwatch.instrumentation.request import RESOLVE_DEADLINE_SECONDS, call_timed_around
 from inferwatch.instrumentation.timeline import AnchorMapping, TokenTimeline
 from inferwatch.instrumentation.worker import BACKGROUND
 

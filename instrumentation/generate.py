@@ -13,8 +13,9 @@ from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.clock import Fetched
 from inferwatch.instrumentation.compiled import CompiledPath
 from inferwatch.instrumentation.instrumented import InstrumentedModel
+from inferwatch.instrumentation.outcomes import failure_status
 from inferwatch.instrumentation.profiling import CAPTURES
-from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
+from inferwatch.instrumentation.request import CURRENT_REQUEST, Request
 from inferwatch.instrumentation.speculative import drafts_for_another, generate_as_draft
 from inferwatch.instrumentation.tokens import (
     LiveTokens,

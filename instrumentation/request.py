@@ -12,7 +12,6 @@ background thread if the request was handed over (:meth:`Request.resolve` return
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextvars
 import math
@@ -20,10 +19,10 @@ import threading
 import time
 from typing import Any
 
-import torch
 from inferwatch.instrumentation.clock import Clock, Fetched
 from inferwatch.instrumentation.kvcache import KVCacheSize
-from inferwatch.instrumentation.series import ModelSeries, Observations
+from inferwatch.instrumentation.observations import Observations
+from inferwatch.instrumentation.series import ModelSeries
 from inferwatch.instrumentation.timeline import AnchorMapping, TokenTimeline
 from inferwatch.instrumentation.tokens import LiveTokens
 from inferwatch.instrumentation.worker import BACKGROUND
@@ -38,11 +37,6 @@ DRAIN_BATCH = 32
 # A DecodeRun's marks are resolved this many at a time (64 compiled decode steps, about 0.2 s on the H200):
 # its per-drain cost, the histogram updates, is shared by four times as many steps.
 RUN_DRAIN_MARKS = 128
-_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
-#: What serving stacks raise inside generate when the client went away: transformers serve's streamer
-#: (``_GenerationCancelled``, by name: it is private) and the generic ways a task or generator is stopped.
-_CANCELLATION_TYPES = (GeneratorExit, asyncio.CancelledError)
-_CANCELLATION_NAMES = frozenset({"_GenerationCancelled", "GenerationCancelled"})
 
 
 #: The request running in this thread (or asyncio task): forward hooks attribute their pass to it.
@@ -61,25 +55,6 @@ def call_timed_around(call: Any, args: tuple, kwargs: dict) -> Any:
         return call(*args, **kwargs)
     finally:
         TIMED_AROUND.reset(token)
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
-
-
-def is_cancellation(exc: BaseException) -> bool:
-    """The request was abandoned by its client, not failed by the model."""
-    return isinstance(exc, _CANCELLATION_TYPES) or type(exc).__name__ in _CANCELLATION_NAMES
-
-
-def failure_status(exc: BaseException) -> str:
-    """The ``status`` label of a request that ended with ``exc``."""
-    if is_cancellation(exc):
-        return "cancelled"
-    return "oom" if is_oom(exc) else "error"
 
 
 class Step:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from inferwatch.instrumentation.clock import Anchor, Clock
 
 if TYPE_CHECKING:
-    from inferwatch.instrumentation.series import ModelSeries, Observations
+    from inferwatch.instrumentation.observations import Observations
+    from inferwatch.instrumentation.series import ModelSeries
 
 
 class AnchorMapping:

@@ -24,7 +24,8 @@ from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.clock import Known, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.hardware import device_label
-from inferwatch.instrumentation.request import CURRENT_REQUEST, Request, failure_status
+from inferwatch.instrumentation.outcomes import failure_status
+from inferwatch.instrumentation.request import CURRENT_REQUEST, Request
 from inferwatch.instrumentation.series import STATUSES, series_for
 from inferwatch.instrumentation.tokens import LiveTokens
 from prometheus_client import CollectorRegistry

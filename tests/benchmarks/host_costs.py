@@ -22,6 +22,7 @@ import torch
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.clock import clock_for
 from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.observations import Observations, observe_many
 from inferwatch.instrumentation.request import (
     CURRENT_REQUEST,
     RUN_DRAIN_MARKS,
@@ -30,7 +31,6 @@ from inferwatch.instrumentation.request import (
     Request,
     Step,
 )
-from inferwatch.instrumentation.series import Observations, observe_many
 from prometheus_client import CollectorRegistry, Histogram
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.series import Observations, series_for
+from inferwatch.instrumentation.observations import Observations
+from inferwatch.instrumentation.series import series_for
 from inferwatch.instrumentation.timeline import TokenTimeline
 from prometheus_client import CollectorRegistry
 
