@@ -10,11 +10,12 @@ then wraps two methods of ``PreTrainedModel``, whose roles are the same in trans
 * ``from_pretrained``, which builds the model (``post_init`` included) on the meta device, loads the
   weights and may install a custom ``generate`` from the checkpoint: models are taken when it returns.
 
-``transformers serve`` (the ``serving`` extra) is hooked too, when its modules load: its FastAPI app gets
-:class:`~inferwatch.instrumentation.middleware.ArrivalMiddleware` (each HTTP request is an arrival), a
-request handed to a model's generate manager is instrumented at once and counted in
-``llm_requests_waiting``, and the job it queues for the single inference thread carries the request's
-context there, so ``generate`` is timed from the arrival.
+``transformers serve`` (the ``serving`` extra) is hooked too, when its modules load, by the integration
+that fits the installed transformers (:mod:`.transformers_serve`).
+
+The first process of the program serves the endpoint; the processes it starts (a serving engine, API
+servers, workers) report their series there once they instrument a model or serve the HTTP edge
+(:mod:`.program`), so the program has one endpoint whatever its processes.
 
 A model is not instrumented there but at its first ``generate`` or ``init_continuous_batching`` call
 (continuous batching: ``generate_batch``, ``transformers serve --continuous-batching``), through stand-ins
@@ -30,6 +31,7 @@ logger: the program keeps running, uninstrumented.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.abc
 import logging
@@ -42,9 +44,11 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from inferwatch.instrumentation.arrival import ARRIVAL, in_this_context
+from inferwatch.instrumentation import transformers_serve
 from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
 from inferwatch.instrumentation.launcher import SERVER_PID_ENV, LaunchSettings
+from inferwatch.instrumentation.program import HUB_ENV, ProgramCollector, ProgramHub, join_program
+from inferwatch.instrumentation.transformers_serve.arrivals import ARRIVALS_ENV, create_table_file
 
 if TYPE_CHECKING:
     from inferwatch.instrumentation.hooks import InstrumentationHandle
@@ -52,9 +56,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("inferwatch.run")
 
 HOOKED_MODULE = "transformers.modeling_utils"
-#: transformers serve's modules (5.17 to 5.24): the app factory, and the generate manager with its thread.
-SERVE_SERVER_MODULE = "transformers.cli.serving.server"
-SERVE_UTILS_MODULE = "transformers.cli.serving.utils"
 
 _settings = LaunchSettings()
 _loading = threading.local()  # .depth: nesting of from_pretrained calls in this thread
@@ -74,13 +75,18 @@ def bootstrap() -> None:
         _start_server()
     for name, patch in (
         (HOOKED_MODULE, _patch_transformers),
-        (SERVE_SERVER_MODULE, _patch_serve_server),
-        (SERVE_UTILS_MODULE, _patch_serve_utils),
+        (transformers_serve.SERVER_MODULE, transformers_serve.on_server_module),
+        (transformers_serve.MANAGER_MODULE, transformers_serve.on_manager_module),
     ):
         if name in sys.modules:
             patch(sys.modules[name])
         else:
             sys.meta_path.insert(0, PostImportHook(name, patch))
+
+
+def launch_settings() -> LaunchSettings:
+    """The launcher's settings in this process."""
+    return _settings
 
 
 def _start_server() -> None:
@@ -90,12 +96,35 @@ def _start_server() -> None:
     # Claimed before trying: when this process cannot listen, its children must not try either. (Forked
     # children do not inherit the server's thread, and see the claim too.)
     os.environ[SERVER_PID_ENV] = str(os.getpid())
+    registry = None
+    if not _settings.multiprocess_dir:  # there, the workers' files are the merge
+        registry = _program_registry()
     try:
-        server = start_http_server(_settings.port, _settings.address)
+        server = start_http_server(_settings.port, _settings.address, registry)
     except Exception as exc:
         logger.warning("inferwatch run: metrics endpoint not started: %s", exc)
         return
     sys.stderr.write(f"inferwatch run: serving metrics on {server.url}\n")
+
+
+def _program_registry() -> ProgramCollector | None:
+    """The hub the program's other processes report to, and the table their requests' arrivals are
+    handed over in, both announced to them in the environment; what the endpoint collects."""
+    try:
+        hub = ProgramHub()
+        table = create_table_file()
+    except OSError as exc:
+        logger.warning("inferwatch run: only this process's metrics are served: %s", exc)
+        return None
+    atexit.register(_remove, table)
+    os.environ[HUB_ENV] = hub.address
+    os.environ[ARRIVALS_ENV] = table
+    return ProgramCollector(hub)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 class PostImportHook(importlib.abc.MetaPathFinder):
@@ -147,82 +176,6 @@ def _patch_transformers(modeling_utils: ModuleType) -> None:
         logger.warning(
             "inferwatch run: could not hook transformers; models stay uninstrumented", exc_info=True
         )
-
-
-def _patch_serve_server(server: ModuleType) -> None:
-    try:
-        from inferwatch.instrumentation.middleware import ArrivalMiddleware
-
-        build_server = server.build_server
-
-        @functools.wraps(build_server)
-        def build_server_with_arrivals(*args: Any, **kwargs: Any) -> Any:
-            app = build_server(*args, **kwargs)
-            try:
-                app.add_middleware(ArrivalMiddleware, model_name=_settings.model_name)
-            except Exception:
-                logger.warning(
-                    "inferwatch run: transformers serve's requests are timed from generate", exc_info=True
-                )
-            return app
-
-        server.build_server = build_server_with_arrivals
-    except Exception:
-        logger.warning("inferwatch run: could not hook transformers serve's app", exc_info=True)
-
-
-def _patch_serve_utils(utils: ModuleType) -> None:
-    """Queue time and waiting requests of transformers serve's ``GenerateManager``: the request's model is
-    known when the handler hands it over, and it then waits for the one inference thread."""
-    try:
-        thread_class, manager = utils.InferenceThread, utils.GenerateManager
-        for name in ("submit", "async_submit"):
-            setattr(thread_class, name, _in_callers_context(getattr(thread_class, name)))
-        manager.generate_streaming = _counting_waiting(manager.generate_streaming)
-        manager.generate_non_streaming = _counting_waiting_async(manager.generate_non_streaming)
-    except Exception:
-        logger.warning("inferwatch run: could not hook transformers serve's generate manager", exc_info=True)
-
-
-def _in_callers_context(submit: Callable[..., Any]) -> Callable[..., Any]:
-    """The job runs on the inference thread in a copy of the submitting handler's context (its arrival)."""
-
-    @functools.wraps(submit)
-    def wrapper(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return submit(self, in_this_context(fn), *args, **kwargs)
-
-    return wrapper
-
-
-def _count_waiting(model: Any) -> None:
-    """Count the open arrival as waiting for ``model`` (instrumented now); never raises."""
-    try:
-        arrival = ARRIVAL.get()
-        if arrival is None:
-            return
-        handle = instrument_now(model)
-        if handle is not None:
-            handle.count_waiting(arrival)
-    except Exception:
-        logger.warning("inferwatch run: cannot count a waiting request", exc_info=True)
-
-
-def _counting_waiting(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        _count_waiting(model)
-        return method(self, model, *args, **kwargs)
-
-    return wrapper
-
-
-def _counting_waiting_async(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    async def wrapper(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        _count_waiting(model)
-        return await method(self, model, *args, **kwargs)
-
-    return wrapper
 
 
 def _wrap_post_init(post_init: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,6 +293,7 @@ def instrument_model(model: Any) -> InstrumentationHandle | None:
         from inferwatch.instrumentation import InstrumentConfig, instrument
 
         handle = instrument(model, model_name=_settings.model_name, config=InstrumentConfig.from_env())
+        join_program("engine")
         with _exit_hook_lock:
             if _settings.multiprocess_dir and not _exit_hook_registered:
                 atexit.register(_forget_live_gauges)

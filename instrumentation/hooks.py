@@ -50,13 +50,18 @@ from prometheus_client import CollectorRegistry
 MAX_MODEL_LABEL_LENGTH = 128
 
 
+def name_or_path_label(name_or_path: str) -> str:
+    """The ``model`` label of a model loaded from ``name_or_path``: a hub id as it is, a local path
+    shortened to its last component ("" for none)."""
+    name = name_or_path.rstrip("/\\")
+    return os.path.basename(name) if name and os.path.isabs(name) else name
+
+
 def default_model_name(model: torch.nn.Module) -> str:
-    """The config's ``_name_or_path`` (a local path shortened to its last component), else its
-    ``model_type``, else the class name."""
+    """The config's ``_name_or_path`` (:func:`name_or_path_label`), else its ``model_type``, else the
+    class name."""
     config = getattr(model, "config", None)
-    name = str(getattr(config, "_name_or_path", "") or "").rstrip("/\\")
-    if name and os.path.isabs(name):
-        name = os.path.basename(name)
+    name = name_or_path_label(str(getattr(config, "_name_or_path", "") or ""))
     return name or str(getattr(config, "model_type", "") or type(model).__name__)
 
 

@@ -34,10 +34,8 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -45,11 +43,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferwatch.common.authgate import guarded
+from inferwatch.common.frames import PREFIX, frame, pack_families, parse_head, unpack_families
 from inferwatch.common.heap import return_freed_memory, trim_freed_memory
 from inferwatch.common.httpserver import HttpServer, Receive, Scope, Send, name_os_thread, respond
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import WebConfig, load_web_config
-from prometheus_client.metrics_core import Metric
 
 from .endpoint_app import HELPER_CPU_SHARE, Rendering, _EndpointApp, _Renderer, _Snapshot
 from .exposition import THREAD_NAME, WEB_CONFIG_ENV
@@ -68,23 +66,13 @@ _RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _EXIT_TIMEOUT = 5.0
 # Seconds between the helper's looks at whether the serving process is still its parent.
 _PARENT_CHECK = 1.0
-# The frame prefix: the head's and the body's lengths.
-_PREFIX = struct.Struct("!II")
-_MAX_HEAD = 1 << 20
 # The serving process's sys.path, for the helper (``python -I`` ignores PYTHONPATH).
 _PATH_ENV = "_INFERWATCH_HTTP_SYS_PATH"
 
 
-def _frame(head: dict[str, Any], body: bytes = b"") -> bytes:
-    encoded = json.dumps(head, separators=(",", ":")).encode()
-    return _PREFIX.pack(len(encoded), len(body)) + encoded + body
-
-
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
     """The next frame; ``asyncio.IncompleteReadError`` once the other side has closed."""
-    head_size, body_size = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-    if head_size > _MAX_HEAD:
-        raise ConnectionError(f"a frame head of {head_size} bytes")
+    head_size, body_size = parse_head(await reader.readexactly(PREFIX.size))
     head = json.loads(await reader.readexactly(head_size))
     return head, await reader.readexactly(body_size) if body_size else b""
 
@@ -191,7 +179,7 @@ class HelperService:
             log.warning("metrics endpoint: answering %s failed: %r", head.get("op"), exc)
             reply["error"], out = repr(exc), b""
         if not writer.is_closing():
-            writer.write(_frame(reply, out))
+            writer.write(frame(reply, out))
 
     async def _end_helper(self) -> int | None:
         """Close the control socket and wait for the helper to exit (killed if it does not); its status."""
@@ -236,22 +224,11 @@ def _helper_command(listen_fd: int, control_fd: int) -> tuple[list[str], dict[st
 
 
 def _shipped(snapshot: _Snapshot) -> bytes:
-    """The collection as the helper gets it: each family's name, help, type, unit and samples, pickled
-    (a third of what encoding it takes here; the helper encodes every variant from it). Plain tuples,
-    not the collector's own classes, which the helper may not be able to import."""
+    """The collection as the helper gets it (:func:`~inferwatch.common.frames.pack_families`): the helper
+    encodes every variant from it."""
     if snapshot.shipped is None:
-        families = [(f.name, f.documentation, f.type, f.unit, f.samples) for f in snapshot.families]
-        snapshot.shipped = pickle.dumps(families, protocol=pickle.HIGHEST_PROTOCOL)
+        snapshot.shipped = pack_families(snapshot.families)
     return snapshot.shipped
-
-
-def _received(shipped: bytes) -> list[Metric]:
-    families = []
-    for name, documentation, kind, unit, samples in pickle.loads(shipped):
-        family = Metric(name, documentation, kind, unit)
-        family.samples = samples
-        families.append(family)
-    return families
 
 
 def _forwarded_scope(head: dict[str, Any]) -> Scope:
@@ -284,7 +261,7 @@ class _Channel:
         self._waiting: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
 
     def send(self, head: dict[str, Any], body: bytes = b"") -> None:
-        self._writer.write(_frame(head, body))
+        self._writer.write(frame(head, body))
 
     async def ask(self, head: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
         ident, self._next = self._next, self._next + 1
@@ -359,7 +336,7 @@ class _RemoteRenderings:
         encoded, self._encoded = self._encoded, 0.0
         head, body = await self._channel.ask({"op": "collect", "taken": held, "encoded": encoded})
         if self._snapshot is None or head["taken"] != held:
-            self._snapshot = _Snapshot(_received(body), head["taken"])
+            self._snapshot = _Snapshot(unpack_families(body), head["taken"])
         self._reusable_until = head["reusable_until"]
         return bool(head["collected"])
 
