@@ -96,8 +96,9 @@ def _start_server() -> None:
     # Claimed before trying: when this process cannot listen, its children must not try either. (Forked
     # children do not inherit the server's thread, and see the claim too.)
     os.environ[SERVER_PID_ENV] = str(os.getpid())
+    _share_arrival_table()
     registry = None
-    if not _settings.multiprocess_dir:  # there, the workers' files are the merge
+    if not _settings.multiprocess_dir:  # there, the processes' files are the merge
         registry = _program_registry()
     try:
         server = start_http_server(_settings.port, _settings.address, registry)
@@ -107,18 +108,26 @@ def _start_server() -> None:
     sys.stderr.write(f"inferwatch run: serving metrics on {server.url}\n")
 
 
+def _share_arrival_table() -> None:
+    """The table the program's processes hand their requests' arrivals over in, announced to them."""
+    try:
+        table = create_table_file()
+    except OSError as exc:
+        logger.warning("inferwatch run: requests are timed from the engine, not their arrival: %s", exc)
+        return
+    atexit.register(_remove, table)
+    os.environ[ARRIVALS_ENV] = table
+
+
 def _program_registry() -> ProgramCollector | None:
-    """The hub the program's other processes report to, and the table their requests' arrivals are
-    handed over in, both announced to them in the environment; what the endpoint collects."""
+    """What the endpoint collects: this process's registry and the hub's, which the program's other
+    processes report to (announced to them in the environment)."""
     try:
         hub = ProgramHub()
-        table = create_table_file()
     except OSError as exc:
         logger.warning("inferwatch run: only this process's metrics are served: %s", exc)
         return None
-    atexit.register(_remove, table)
     os.environ[HUB_ENV] = hub.address
-    os.environ[ARRIVALS_ENV] = table
     return ProgramCollector(hub)
 
 

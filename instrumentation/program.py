@@ -36,6 +36,7 @@ import os
 import secrets
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -62,6 +63,8 @@ WATCH_INTERVAL = 1.0
 #: The families a process's registry has about the process itself (prometheus_client's default
 #: collectors): the owner's stand for the endpoint; a peer's are left out of the merge.
 _OWN_PROCESS_PREFIXES = ("process_", "python_")
+# struct ucred: the connecting process's pid, uid and gid, as the kernel vouches for them.
+_CREDENTIALS = struct.Struct("3i")
 #: The roles a process can have (a bounded label): the owner, a process with models, one serving the API.
 ROLES = ("main", "engine", "api", "worker")
 
@@ -141,8 +144,7 @@ class _Peer:
     sock: socket.socket
     pid: int
     role: str
-    last: list[Metric] = field(default_factory=list)
-    asked: int = 0  # the id of the last collection asked of it
+    last: list[Metric] = field(default_factory=list)  # its last collection
 
 
 class ProgramHub:
@@ -174,9 +176,14 @@ class ProgramHub:
             except OSError:
                 return  # closed
             try:
+                pid, uid, _ = _CREDENTIALS.unpack(
+                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+                )
+                if uid != os.getuid():  # an abstract socket is open to every user of the machine
+                    raise PermissionError(f"a process of user {uid} tried to join")
                 sock.settimeout(COLLECT_TIMEOUT)
                 head, _ = read_frame(sock)
-                peer = _Peer(sock, int(head["pid"]), head["role"] if head.get("role") in ROLES else "worker")
+                peer = _Peer(sock, pid, head["role"] if head.get("role") in ROLES else "worker")
             except (OSError, EOFError, ValueError, KeyError, TypeError):
                 sock.close()
                 continue
@@ -217,7 +224,6 @@ class ProgramHub:
             for peer in peers:
                 try:
                     peer.sock.sendall(frame({"op": "collect", "id": asked}))
-                    peer.asked = asked
                 except OSError:
                     self._retire(peer, "died")
             deadline = time.monotonic() + COLLECT_TIMEOUT
