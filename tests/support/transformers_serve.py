@@ -9,6 +9,9 @@ both programs default to 8000.
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +37,22 @@ ABSOLUTE_TOLERANCE = 0.05
 
 #: Positions of the model the module's server serves: room for a minute of tokens on a fast machine.
 MAX_POSITIONS = 32768
+
+
+@functools.cache
+def serve_has_option(option: str) -> bool:
+    """Whether the installed ``transformers serve`` has ``option``, read from its ``--help`` (a feature,
+    not a version number)."""
+    result = subprocess.run(
+        [TRANSFORMERS, "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return option in result.stdout
 
 
 @dataclass

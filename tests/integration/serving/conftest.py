@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.servemodel import write_serve_model
-from tests.support.transformers_serve import MAX_POSITIONS, Server, serve
+from tests.support.transformers_serve import MAX_POSITIONS, Server, serve, serve_has_option
 
 
 @pytest.fixture(scope="package")
@@ -32,5 +32,21 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     options = ("--continuous-batching", "--cb-num-blocks=512")
     with serve(
         workdir, model_dir, force_model=True, model_timeout=600, name="serve-cb", options=options
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="package")
+def api_servers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``transformers serve DIR --api-server-count 2`` (5.25 on): two API processes take the HTTP requests
+    and tokenize, one engine process runs the model; skipped where the installed transformers serve has
+    no such option."""
+    if not serve_has_option("--api-server-count"):
+        pytest.skip("this transformers serve has no --api-server-count")
+    workdir = tmp_path_factory.mktemp("transformers-serve-api2")
+    model_dir = write_serve_model(workdir / "model")
+    options = ("--api-server-count=2",)
+    with serve(
+        workdir, model_dir, force_model=True, model_timeout=600, name="serve-api2", options=options
     ) as running:
         yield running

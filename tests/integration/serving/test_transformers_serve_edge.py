@@ -1,5 +1,6 @@
 """``transformers serve`` under ``inferwatch run``, at its HTTP edge: what the server sent, finish reasons,
-clients that hang up, requests it refused, zero tokens asked for; sequential and continuous batching.
+clients that hang up, requests it refused, zero tokens asked for; sequential, continuous batching and
+(transformers 5.25 on) `--api-server-count 2`.
 
 The launcher adds ``ArrivalMiddleware`` to transformers serve's FastAPI app. Each figure is compared with
 what the official ``openai`` client measured or was told in the same run: its time to first content, its
@@ -26,7 +27,7 @@ MAX_TOKENS = 24
 FINISHED = "llm_requests_finished_total"
 FIRST_CONTENT = "llm_response_time_to_first_content_seconds"
 LAST_BYTE = "llm_response_time_to_last_byte_seconds"
-SERVERS = ["server", "batching_server"]
+SERVERS = ["server", "batching_server", "api_servers_server"]
 
 
 def settled(server: Server, condition: object, timeout: float = 60) -> str:

@@ -1,0 +1,105 @@
+"""``inferwatch run -- transformers serve`` under a real third-party load generator, ``guidellm``.
+
+guidellm (the vLLM project's benchmark client) sends streaming chat completions of synthetic prompts and
+measures each request itself: time to first token, inter-token latency, end-to-end latency, and the
+prompt and output tokens of the server's ``usage`` (:mod:`tests.support.guidellm`). What inferwatch
+exports for the same requests must agree: request and token counts exactly, TTFT and E2E means within
+10 % or 50 ms of guidellm's, the inter-token latency within 10 %; each request has its queue time and
+its first content observed.
+
+Three ways to run the server: sequential (one ``generate`` at a time), ``--continuous-batching``, and
+``--api-server-count 2`` (HTTP in two API processes, the model in an engine process: transformers 5.25 on;
+skipped where the installed ``transformers serve`` has no such option).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.guidellm import GuidellmReport, run_guidellm
+from tests.support.transformers_serve import (
+    RELATIVE_TOLERANCE,
+    Server,
+    assert_close,
+    delta,
+    histogram_mean,
+    metrics_after,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
+
+#: Requests per run, and their sizes. guidellm's inter-token latency of a request is (last token - first
+#: token) / (tokens - 1), so a late first chunk on the client's side (the client or the server's API
+#: process waiting for a core) shortens it: with 63 gaps of ~2.5 ms, 24 ms of such delay was 12 % of the
+#: ITL on a loaded 2-core machine. 255 gaps spread it four times thinner, at a few seconds a run.
+REQUESTS = 8
+PROMPT_TOKENS = 32
+MAX_TOKENS = 256
+#: Requests guidellm keeps in flight in its concurrent profile.
+STREAMS = 4
+
+
+def check_against_guidellm(server: Server, report: GuidellmReport, before: str, after: str) -> None:
+    """The server's counts and latencies over the run against what guidellm measured."""
+    requests = len(report.requests)
+    # Every request ran to its max_tokens: the model never samples EOS (tests.support.servemodel).
+    assert {r.output_tokens for r in report.requests} == {MAX_TOKENS}, report.requests
+
+    assert delta(before, after, "llm_requests_total", status="ok") == requests, server.logs()
+    assert delta(before, after, "llm_prompt_tokens_total") == report.prompt_tokens
+    assert delta(before, after, "llm_generation_tokens_total") == report.output_tokens
+    assert delta(before, after, "llm_time_to_first_token_seconds_count") == requests
+    assert delta(before, after, "llm_e2e_request_latency_seconds_count") == requests
+    assert delta(before, after, "llm_request_queue_seconds_count") == requests
+    assert delta(before, after, "llm_response_time_to_first_content_seconds_count") == requests
+    # One inter-token observation per gap between a request's tokens.
+    gaps = sum(r.output_tokens - 1 for r in report.requests)
+    assert delta(before, after, "llm_inter_token_latency_seconds_count") == gaps
+
+    server_ttft = histogram_mean(before, after, "llm_time_to_first_token_seconds")
+    server_e2e = histogram_mean(before, after, "llm_e2e_request_latency_seconds")
+    server_itl = histogram_mean(before, after, "llm_inter_token_latency_seconds")
+    print(
+        f"\ninferwatch: TTFT {server_ttft * 1000:.1f} ms, E2E "
+        f"{server_e2e * 1000:.1f} ms, ITL {server_itl * 1000:.3f} ms, queue "
+        f"{histogram_mean(before, after, 'llm_request_queue_seconds') * 1000:.1f} ms, first content "
+        f"{histogram_mean(before, after, 'llm_response_time_to_first_content_seconds') * 1000:.1f} ms"
+    )
+    assert_close("time to first token", server_ttft, report.mean_ttft)
+    assert_close("end-to-end latency", server_e2e, report.mean_e2e)
+    client_itl = report.mean_itl
+    assert abs(server_itl - client_itl) <= RELATIVE_TOLERANCE * client_itl, (
+        f"inter-token latency: server mean {server_itl * 1000:.3f} ms, guidellm's {client_itl * 1000:.3f} ms"
+    )
+
+
+@pytest.mark.parametrize(
+    ("which", "streams"),
+    [
+        ("server", 1),
+        ("server", STREAMS),
+        ("batching_server", STREAMS),
+        ("api_servers_server", STREAMS),
+    ],
+    ids=["sequential-synchronous", "sequential-concurrent", "continuous-batching", "api-server-count-2"],
+)
+def test_metrics_match_what_guidellm_measured(
+    which: str, streams: int, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    server: Server = request.getfixturevalue(which)
+    before = server.metrics()
+    report = run_guidellm(
+        server,
+        tmp_path_factory.mktemp("guidellm"),
+        requests=REQUESTS,
+        prompt_tokens=PROMPT_TOKENS,
+        max_tokens=MAX_TOKENS,
+        streams=streams,
+    )
+    print(f"\nguidellm ({which}, {streams} stream(s)): {report.summary()}")
+    # The harness: guidellm sent every request and each succeeded, before the server's side is read.
+    assert len(report.requests) == REQUESTS, report.log[-3000:]
+    failed = [r for r in report.requests if not r.success]
+    assert not failed, f"guidellm saw failed requests: {failed}\n{report.log[-3000:]}\n{server.logs()}"
+    after = metrics_after(server, before, "llm_e2e_request_latency_seconds_count", REQUESTS)
+    check_against_guidellm(server, report, before, after)
