@@ -87,6 +87,12 @@ class ModelRow:
     finished_cancelled_ratio: float | None = None
     finished_error_ratio: float | None = None
     finished_oom_ratio: float | None = None
+    # At the HTTP edge, where the middleware reports it: arrival to the first content sent, the requests
+    # cancelled (their clients went away) and the tokens generated for them after that, per second.
+    first_content_p50_seconds: float | None = None
+    first_content_p99_seconds: float | None = None
+    cancelled_per_second: float | None = None
+    wasted_tokens_per_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,10 @@ _MODEL_FIELDS: dict[str, Expr] = {
     "finished_cancelled_ratio": q.FINISHED_CANCELLED,
     "finished_error_ratio": q.FINISHED_ERROR,
     "finished_oom_ratio": q.FINISHED_OOM,
+    "first_content_p50_seconds": q.FIRST_CONTENT_P50,
+    "first_content_p99_seconds": q.FIRST_CONTENT_P99,
+    "cancelled_per_second": q.CANCELLED_RATE,
+    "wasted_tokens_per_second": q.WASTED_TOKENS_RATE,
 }
 _HOST_FIELDS: dict[str, Expr] = {
     "cpus": q.HOST_CPUS,

@@ -63,6 +63,13 @@ FINISHED_LENGTH = _finished_share("length")
 FINISHED_CANCELLED = _finished_share("cancelled")
 FINISHED_ERROR = _finished_share("error")
 FINISHED_OOM = _finished_share("oom")
+# At the HTTP edge (the ASGI/WSGI middleware): arrival to the first body chunk with content, the requests
+# whose clients went away, and the tokens generated for them after they left.
+FIRST_CONTENT = Selector(names.LLM_RESPONSE_TIME_TO_FIRST_CONTENT_SECONDS)
+FIRST_CONTENT_P50 = Quantile(0.5, FIRST_CONTENT, MODEL)
+FIRST_CONTENT_P99 = Quantile(0.99, FIRST_CONTENT, MODEL)
+CANCELLED_RATE = Rate(Selector(names.LLM_REQUESTS_TOTAL, (eq("status", "cancelled"),)), MODEL)
+WASTED_TOKENS_RATE = Rate(Selector(names.LLM_WASTED_TOKENS_TOTAL), MODEL)
 RUNNING = Gauge(Selector(names.LLM_REQUESTS_RUNNING), MODEL)
 WAITING = Gauge(Selector(names.LLM_REQUESTS_WAITING), MODEL)
 # How long ago the oldest running request arrived (0 while none runs): one request that does not end.

@@ -6,6 +6,8 @@ need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+# inferwatch top's screens are read from a real terminal (tests/support/terminal.py).
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "install-system-deps: missing ${need[*]} and cannot install them (need root and apt-get)" >&2

@@ -9,11 +9,12 @@ import json
 import pytest
 from inferwatch.cli import main as cli_main
 from inferwatch.monitor import top
-from inferwatch.monitor.frame import build_frame
+from inferwatch.monitor.frame import GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import EndpointScrape
-from inferwatch.monitor.top import GPU_COLUMNS
+from inferwatch.monitor.top import GPU_COLUMNS, MODEL_COLUMNS, PIPE_WIDTH, Screen
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rich.console import Console
+from rich.text import Text
 
 from tests.support import free_port
 from tests.unit.monitor.snapshots import endpoint, snapshot
@@ -93,9 +94,24 @@ def two_rounds() -> tuple:
 
 
 def rendered(frame: object) -> str:
+    """The frame as printed to a pipe: every column."""
     out = io.StringIO()
-    Console(file=out, width=240).print(top.render(frame))
+    Console(file=out, width=PIPE_WIDTH).print(Screen(frame))
     return out.getvalue()
+
+
+def model_cell(row: ModelRow, header: str) -> Text:
+    return next(column for column in MODEL_COLUMNS if column.header == header).cell(row)
+
+
+def gpu_cell(row: GpuRow, header: str) -> Text:
+    return next(column for column in GPU_COLUMNS if column.header == header).cell(row)
+
+
+def waiting_style(row: ModelRow) -> str:
+    """The style of the waiting figure in the run/wait cell."""
+    cell = model_cell(row, "run/\nwait")
+    return next((str(span.style) for span in cell.spans if span.start > cell.plain.index("/")), "")
 
 
 def test_frame_values() -> None:
@@ -105,9 +121,7 @@ def test_frame_values() -> None:
     assert (gpu.instance, gpu.gpu, gpu.name) == ("node:8798", "0", "Test GPU")
     assert (gpu.utilization, gpu.power_watts, gpu.power_limit_watts) == (0.75, 412, 700)
     assert gpu.sm_active == 0.04
-    assert (
-        top._gpu_cells(gpu)[GPU_COLUMNS.index("SM active")].style == "yellow"
-    )  # 4 % of the SMs at 75 %: launch-bound
+    assert gpu_cell(gpu, "SM\nactive").style == "yellow"  # 4 % of the SMs at 75 %: launch-bound
     assert (gpu.sm_clock_hz, gpu.sm_clock_max_hz) == (1410e6, 1980e6)
     assert gpu.throttle_reasons == ("sw_power_cap",)  # gpu_idle is not throttling
     # Joined by the GPU's UUID: the serving endpoint is another instance on another host.
@@ -141,42 +155,39 @@ def test_render_shows_the_figures() -> None:
     text = rendered(build_frame(*two_rounds()))
     assert "60.0/80.0 GiB" in text and "25%" in text  # used/total, free share
     assert "412/700 W" in text
-    assert "SM active" in text and "4.0%" in text
+    assert "active" in text and "4.0%" in text  # SM active
     assert "1410/1980 MHz" in text
     assert "86/89 °C" in text
     assert "sw_power_cap" in text and "gpu_idle" not in text
     assert "model llama on serving:8797, pod llm/llama-0" in text  # the GPU's users
     assert "0: 71% sw_power_cap" in text  # the model's GPU, its SM clock share and throttling
-    assert "25/75/0/0 %" in text  # the window's finish reasons: stop, length, cancelled, failed
-    assert "15 ms / 19.9 ms" in text  # ITL p50 / p99
+    assert "25/75/0/0" in text  # the window's finish reasons: stop, length, cancelled, failed
+    assert "15/19.9 ms" in text  # ITL p50 / p99
     assert "40.0" in text and "3.00 MiB" in text and "30%" in text
-    assert "queue p99" in text and "1.99 s" in text
-    assert "waiting" in text and " 7 " in text
+    assert "queue" in text and "1.99 s" in text
+    assert "wait" in text and " 3/7 " in text
     assert "2/2 endpoints up" in text
 
 
 def test_waiting_and_queue_time_above_the_alert_thresholds_are_yellow() -> None:
     (model,) = build_frame(*two_rounds()).models
-    cells = top._model_cells(model)
-    waiting, queue = cells[top.MODEL_COLUMNS.index("waiting")], cells[top.MODEL_COLUMNS.index("queue p99")]
-    assert (str(waiting), waiting.style) == ("7", "yellow")  # InferwatchRequestsQueueing: above 4
+    requests, queue = model_cell(model, "run/\nwait"), model_cell(model, "queue\np99")
+    assert (str(requests), waiting_style(model)) == ("3/7", "yellow")  # InferwatchRequestsQueueing: above 4
     assert (str(queue), queue.style) == ("1.99 s", "yellow")  # InferwatchQueueTimeHigh: above 1 s
-    quiet = top._model_cells(dataclasses.replace(model, requests_waiting=4, queue_p99_seconds=None))
-    assert quiet[top.MODEL_COLUMNS.index("waiting")].style == ""
-    assert str(quiet[top.MODEL_COLUMNS.index("queue p99")]) == "-"
+    quiet = dataclasses.replace(model, requests_waiting=4, queue_p99_seconds=None)
+    assert waiting_style(quiet) == ""
+    assert str(model_cell(quiet, "queue\np99")) == "-"
 
 
 def test_a_request_older_than_the_stuck_bound_is_yellow() -> None:
     (model,) = build_frame(*two_rounds()).models
-    oldest = top._model_cells(model)[top.MODEL_COLUMNS.index("oldest")]
+    oldest = model_cell(model, "oldest")
     assert (str(oldest), oldest.style) == ("12m 05s", "yellow")  # InferwatchRequestStuck: above 600 s
     cases = ((600.0, "10m 00s", ""), (0.0, "0 s", ""), (42.4, "42 s", ""), (5400.0, "1.5 h", "yellow"))
     for age, shown, style in cases:
-        cell = top._model_cells(dataclasses.replace(model, oldest_running_age_seconds=age))
-        oldest = cell[top.MODEL_COLUMNS.index("oldest")]
+        oldest = model_cell(dataclasses.replace(model, oldest_running_age_seconds=age), "oldest")
         assert (str(oldest), oldest.style) == (shown, style)
-    none = top._model_cells(dataclasses.replace(model, oldest_running_age_seconds=None))
-    assert str(none[top.MODEL_COLUMNS.index("oldest")]) == "-"
+    assert str(model_cell(dataclasses.replace(model, oldest_running_age_seconds=None), "oldest")) == "-"
 
 
 def paged_rounds() -> tuple:
@@ -200,18 +211,17 @@ def test_paged_kv_cache_blocks_and_preemptions() -> None:
     assert cb.kv_blocks_used_ratio == 0.94
     assert cb.kv_preemptions_per_second == 1.5  # 3 in 2 s; the 10 before the window do not count
     assert gen.kv_blocks_used_ratio is None and gen.kv_preemptions_per_second == 0.0
-    cells = {name: top._model_cells(cb)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
+    blocks, preempt = "KV blocks used", "preempt\n/s"
     # Yellow above InferwatchKvCacheNearlyFull's 90 % and InferwatchKvCachePreemptions' none per 5m.
-    assert (str(cells["KV blocks used"]), cells["KV blocks used"].style) == ("94%", "yellow")
-    assert (str(cells["preempt/s"]), cells["preempt/s"].style) == ("1.5", "yellow")
+    assert (str(model_cell(cb, blocks)), model_cell(cb, blocks).style) == ("94%", "yellow")
+    assert (str(model_cell(cb, preempt)), model_cell(cb, preempt).style) == ("1.5", "yellow")
     # Without a paged cache both are "-", not a misleading 0.
-    quiet = {name: top._model_cells(gen)[i] for i, name in enumerate(top.MODEL_COLUMNS)}
-    assert str(quiet["KV blocks used"]) == "-" and str(quiet["preempt/s"]) == "-"
-    calm = top._model_cells(dataclasses.replace(cb, kv_blocks_used_ratio=0.9, kv_preemptions_per_second=0.0))
-    assert [calm[top.MODEL_COLUMNS.index(c)].style for c in ("KV blocks used", "preempt/s")] == ["", ""]
-    assert str(calm[top.MODEL_COLUMNS.index("preempt/s")]) == "0"
+    assert str(model_cell(gen, blocks)) == "-" and str(model_cell(gen, preempt)) == "-"
+    calm = dataclasses.replace(cb, kv_blocks_used_ratio=0.9, kv_preemptions_per_second=0.0)
+    assert [model_cell(calm, c).style for c in (blocks, preempt)] == ["", ""]
+    assert str(model_cell(calm, preempt)) == "0"
     text = rendered(build_frame(*paged_rounds()))
-    assert "KV blocks used" in text and "preempt/s" in text and "94%" in text
+    assert "KV blocks" in text and "preempt" in text and "94%" in text
 
 
 def test_render_shows_a_down_endpoint() -> None:
@@ -242,7 +252,17 @@ def test_once_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert frame["gpus"] == [] and frame["models"] == []
 
 
-@pytest.mark.parametrize("argv", [["--json"], ["--interval", "0"], ["--window", "-1"], ["--interval", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json"],
+        ["--interval", "0"],
+        ["--window", "-1"],
+        ["--interval", "x"],
+        ["--columns", "10"],
+        ["--view", "x"],
+    ],
+)
 def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     try:
         code = cli_main(["top", *argv])
@@ -293,8 +313,7 @@ def test_speculative_acceptance_column_only_where_a_model_has_draft_tokens() -> 
     assert assisted.spec_draft_tokens_per_second == 20.0
     assert assisted.spec_acceptance_ratio == 0.75  # of the window's drafts, not the 50 % before it
     assert plain.spec_draft_tokens_per_second is None and plain.spec_acceptance_ratio is None
-    out = io.StringIO()
-    Console(file=out, width=400).print(top.render(frame))  # every column at full width
-    assert top.SPEC_COLUMN in out.getvalue() and "75%" in out.getvalue()
+    text = rendered(frame)
+    assert "spec" in text and "accept" in text and "75%" in text
     # No model speculates: no column.
-    assert top.SPEC_COLUMN not in rendered(build_frame(*two_rounds()))
+    assert "accept" not in rendered(build_frame(*two_rounds()))
