@@ -25,10 +25,12 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
@@ -45,6 +47,32 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 _PR_SET_NAME = 15  # prctl(2)
 # Loop iterations between asyncio accepting a socket and the protocol's connection_made (plain TCP).
 _ACCEPT_TURNS = 4
+
+
+# Sockets that a process forked from this one must not keep (:func:`not_inherited_by_forks`).
+_UNFORKED: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+
+def not_inherited_by_forks(sock: socket.socket) -> socket.socket:
+    """``sock``, closed in every process forked from this one from now on (returned for chaining).
+
+    A pre-forking server (gunicorn) forks its workers after its master started the endpoint: each worker
+    would hold a copy of the listening socket, and, after the master died, keep its port (connections
+    accepted into a backlog nobody serves, scrapes timing out instead of refused, a new master unable to
+    bind) until the workers noticed and exited, 12-14 s; and a copy of the helper's control socket keeps
+    the helper from seeing its serving process go. The child's thread that served them does not exist in
+    the fork, so nothing there uses them.
+    """
+    _UNFORKED.add(sock)
+    return sock
+
+
+def _close_inherited() -> None:
+    for sock in list(_UNFORKED):
+        sock.close()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
 
 
 def bind(host: str, port: int, backlog: int) -> socket.socket:

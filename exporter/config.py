@@ -55,6 +55,8 @@ class ExporterConfig:
     kubernetes_timeout: float = 2.0
     kubernetes_interval: float = 10.0
     log_level: str = "info"
+    #: Where counts that must outlive the process are kept (XIDs); empty: nowhere.
+    state_dir: str = ""
     nvml_module: str = DEFAULT_NVML_MODULE
 
     @property
@@ -194,6 +196,14 @@ _GENERAL_OPTIONS = (
         "30s",
         "how often to retry initialising NVML while it is unavailable (100ms to 1h)",
         metavar="DURATION",
+    ),
+    Option(
+        "--state.dir",
+        "state_dir",
+        str,
+        "",
+        "directory where XID counts are kept across restarts of the exporter (written at every XID)",
+        metavar="PATH",
     ),
     Option(
         "--log.level", "log_level", parse_log_level, "info", "debug, info, warn or error", metavar="LEVEL"

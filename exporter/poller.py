@@ -181,7 +181,7 @@ class Poller:
         names = [c.name for c in (*self._gpu_collectors, *self._host_collectors)] + [POLLER]
         self.collector_errors = Tally(COLLECTOR_ERRORS, preset=[(name,) for name in names])
         self.overruns = Tally(OVERRUNS, preset=[()])
-        self.xid_events = XidEvents()
+        self.xid_events = XidEvents(config.state_dir or None)
         self.snapshot = Snapshot()
         self.ready = threading.Event()
 

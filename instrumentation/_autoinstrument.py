@@ -45,7 +45,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from inferwatch.instrumentation import transformers_serve
-from inferwatch.instrumentation.exposition import mark_process_dead, start_http_server
+from inferwatch.instrumentation.exposition import mark_process_dead, multiprocess_registry, start_http_server
 from inferwatch.instrumentation.launcher import SERVER_PID_ENV, LaunchSettings
 from inferwatch.instrumentation.program import HUB_ENV, ProgramCollector, ProgramHub, join_program
 from inferwatch.instrumentation.transformers_serve.arrivals import ARRIVALS_ENV, create_table_file
@@ -97,10 +97,11 @@ def _start_server() -> None:
     # children do not inherit the server's thread, and see the claim too.)
     os.environ[SERVER_PID_ENV] = str(os.getpid())
     _share_arrival_table()
-    registry = None
-    if not _settings.multiprocess_dir:  # there, the processes' files are the merge
-        registry = _program_registry()
     try:
+        if _settings.multiprocess_dir:  # the processes' files are the merge; a killed worker's gauges go
+            registry = multiprocess_registry(_settings.multiprocess_dir, forget_dead=True)
+        else:
+            registry = _program_registry()
         server = start_http_server(_settings.port, _settings.address, registry)
     except Exception as exc:
         logger.warning("inferwatch run: metrics endpoint not started: %s", exc)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from inferwatch.common.httpserver import (
     Send,
     ServerThread,
     bind,
+    not_inherited_by_forks,
     request_headers,
     respond,
 )
@@ -57,6 +59,7 @@ from inferwatch.instrumentation.rendering import (
     render,
 )
 from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.multiprocess import mark_process_dead as _mark_process_dead
 from prometheus_client.registry import Collector
@@ -109,11 +112,17 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_DIR_ENV) or None
 
 
-def multiprocess_registry(path: str | os.PathLike[str] | None = None) -> CollectorRegistry:
+def multiprocess_registry(
+    path: str | os.PathLike[str] | None = None, forget_dead: bool = False
+) -> CollectorRegistry:
     """A registry that sums the metrics every process wrote to ``path`` (default: the environment's).
 
     It holds no metrics of its own: it is meant for serving only, while the instrumented processes keep
-    writing through prometheus_client's default registry.
+    writing through prometheus_client's default registry. With ``forget_dead``, each collection first
+    forgets the live gauges of the processes that wrote to ``path`` and no longer exist
+    (:func:`mark_process_dead` for each), for a server whose workers are this process's own, in its PID
+    namespace (``inferwatch run --multiprocess-dir``): not for an endpoint that serves the files of
+    processes it cannot see.
     """
     path = os.fspath(path) if path is not None else multiprocess_dir()
     if not path or not os.path.isdir(path):
@@ -121,8 +130,39 @@ def multiprocess_registry(path: str | os.PathLike[str] | None = None) -> Collect
             f"multiprocess mode needs an existing directory in {MULTIPROC_DIR_ENV} (got {path!r})"
         )
     registry = CollectorRegistry()
+    if forget_dead:
+        registry.register(_DeadProcesses(path))  # first: the sums below then leave the dead out
     MultiProcessCollector(registry, path=path)
     return registry
+
+
+class _DeadProcesses:
+    """A collector of no metrics: collecting it forgets the live gauges of the processes that wrote them
+    to ``path`` and are gone (a killed worker's ``llm_requests_running`` would otherwise stay forever)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Iterable[Metric]:
+        # prometheus_client's files are TYPE_PID.db, live gauges gauge_live<mode>_PID.db.
+        pids = {int(name.rpartition("_")[2][:-3]) for name in os.listdir(self._path) if _LIVE.fullmatch(name)}
+        for pid in pids:
+            if not _exists(pid):
+                _mark_process_dead(pid, self._path)
+        return ()
+
+
+_LIVE = re.compile(r"gauge_live\w*_\d+\.db")
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def serving_registry() -> Collector:
@@ -247,7 +287,7 @@ def start_http_server(
     web = load_web_config(os.environ.get(WEB_CONFIG_ENV, ""))
     in_process = not helper_process_wanted(os.environ)
     try:
-        sock = bind(addr, port, Limits().backlog)
+        sock = not_inherited_by_forks(bind(addr, port, Limits().backlog))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(
@@ -261,7 +301,7 @@ def start_http_server(
     if not in_process:
         from inferwatch.instrumentation.http_process import HelperService
 
-        thread = ServerThread(HelperService(sock, _Renderer(registry), debug), name=THREAD_NAME)
+        thread = ServerThread(HelperService(sock, registry, debug), name=THREAD_NAME)
         try:
             thread.start()
         except (OSError, RuntimeError) as exc:

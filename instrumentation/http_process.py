@@ -14,7 +14,11 @@ listening socket, and keeps one thread of its own that only collects the registr
 * **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
   renderings' budgets (:class:`~.endpoint_app._Renderer`, charged with the helper's encodings too) and
   sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
-  again if it dies (the listening socket stays open in between: the kernel queues new connections).
+  again if it dies (the listening socket stays open in between: the kernel queues new connections), or
+  if it stops answering: it pings the helper every :data:`PING_INTERVAL` and kills one that has not
+  answered for :data:`PING_TIMEOUT` (stopped, deadlocked, a paused cgroup), which a helper that merely
+  stays alive would otherwise make every scrape wait out. Each restart is logged once and counted in
+  ``inferwatch_endpoint_helper_restarts_total{reason}``, served with the registry.
 
 So the serving process spends, whatever the clients do, one collection and its pickling per
 :data:`~.endpoint_app.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
@@ -39,19 +43,29 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from inferwatch.common.authgate import guarded
 from inferwatch.common.frames import PREFIX, frame, pack_families, parse_head, unpack_families
 from inferwatch.common.heap import return_freed_memory, trim_freed_memory
-from inferwatch.common.httpserver import HttpServer, Receive, Scope, Send, name_os_thread, respond
+from inferwatch.common.httpserver import (
+    HttpServer,
+    Receive,
+    Scope,
+    Send,
+    name_os_thread,
+    not_inherited_by_forks,
+    respond,
+)
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import WebConfig, load_web_config
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .endpoint_app import HELPER_CPU_SHARE, Rendering, _EndpointApp, _Renderer, _Snapshot
 from .exposition import THREAD_NAME, WEB_CONFIG_ENV
-from .profiling_http import DebugApp, read_body, with_debug_routes
+from .profiling_http import Answer, DebugApp, read_body, refusal, with_debug_routes
 from .rendering import Variant
 
 log = logging.getLogger(__name__)
@@ -66,6 +80,14 @@ _RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _EXIT_TIMEOUT = 5.0
 # Seconds between the helper's looks at whether the serving process is still its parent.
 _PARENT_CHECK = 1.0
+#: Seconds between the serving process's pings of its helper.
+PING_INTERVAL = 1.0
+#: Seconds a helper may go without answering a ping before it is killed and replaced: far above what a
+#: loaded helper takes (its loop answers between two requests), below a scrape's usual 10 s timeout.
+PING_TIMEOUT = 3.0
+#: ``reason`` of ``inferwatch_endpoint_helper_restarts_total``: it exited (killed, crashed, out of
+#: memory), or it was killed for not answering pings.
+EXITED, UNRESPONSIVE = "exited", "unresponsive"
 # The serving process's sys.path, for the helper (``python -I`` ignores PYTHONPATH).
 _PATH_ENV = "_INFERWATCH_HTTP_SYS_PATH"
 
@@ -80,17 +102,40 @@ async def _read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], byt
 # --- in the serving process --------------------------------------------------------------------------
 
 
+class HelperRestarts:
+    """``inferwatch_endpoint_helper_restarts_total{reason}``, both reasons from 0, and the registry it is
+    served with: a collector of both."""
+
+    def __init__(self, registry: Collector) -> None:
+        self._registry = registry
+        self.counts = {EXITED: 0, UNRESPONSIVE: 0}
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._registry.collect()
+        family = CounterMetricFamily(
+            "inferwatch_endpoint_helper_restarts",
+            "Restarts of the metrics endpoint's helper process: it exited, or did not answer pings.",
+            labels=["reason"],
+        )
+        for reason, count in self.counts.items():
+            family.add_metric([reason], count)
+        yield family
+
+
 class HelperService:
     """The serving process's side: starts the helper on ``sock``, renders for it, restarts it when it dies.
 
     Runs on :class:`~inferwatch.common.httpserver.ServerThread`'s loop (``start``/``stop``/``port``).
     """
 
-    def __init__(self, sock: socket.socket, renderer: _Renderer, debug: DebugApp) -> None:
+    def __init__(self, sock: socket.socket, registry: Collector, debug: DebugApp) -> None:
         self._sock = sock
         self._port: int = sock.getsockname()[1]
-        self._renderer = renderer
+        self.restarts = HelperRestarts(registry)
+        self._renderer = _Renderer(self.restarts)
         self._debug = debug
+        self._answered = 0.0  # time.monotonic() of the running helper's last answer to a ping
+        self._unresponsive = False  # the running helper was killed for not answering
         self._process: subprocess.Popen[bytes] | None = None
         self._control: asyncio.StreamWriter | None = None  # the running helper's control socket
         self._supervisor: asyncio.Task[None] | None = None
@@ -108,8 +153,10 @@ class HelperService:
 
     async def _spawn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         ours, theirs = socket.socketpair()
+        not_inherited_by_forks(ours)  # a forked worker's copy would keep the helper from seeing us die
         try:
-            command, env = _helper_command(self._sock.fileno(), theirs.fileno())
+            debug = (self._debug.config.enabled, self._debug.multiprocess)
+            command, env = _helper_command(self._sock.fileno(), theirs.fileno(), *debug)
             self._process = subprocess.Popen(
                 command, env=env, pass_fds=(self._sock.fileno(), theirs.fileno()), stdin=subprocess.DEVNULL
             )
@@ -120,6 +167,7 @@ class HelperService:
             theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours)
         self._control = writer
+        self._answered, self._unresponsive = time.monotonic(), False
         try:
             head, _ = await asyncio.wait_for(_read_frame(reader), START_TIMEOUT)
             if head.get("op") != "ready":
@@ -132,29 +180,56 @@ class HelperService:
     async def _supervise(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         delays = iter(_RESTART_DELAYS)
         while True:
+            pinging = asyncio.get_running_loop().create_task(self._ping(writer))
             with contextlib.suppress(OSError, EOFError, ValueError):
                 while True:
                     head, body = await _read_frame(reader)
+                    if head.get("op") == "pong":
+                        self._answered = time.monotonic()
+                        continue
                     delays = iter(_RESTART_DELAYS)  # it served: a later death starts the delays afresh
                     task = asyncio.get_running_loop().create_task(self._answer(head, body, writer))
                     self._answering.add(task)
                     task.add_done_callback(self._answering.discard)
+            pinging.cancel()
             if self._stopping:
                 return
+            reason = UNRESPONSIVE if self._unresponsive else EXITED
             code = await self._end_helper()
+            self.restarts.counts[reason] += 1
             while not self._stopping:
                 delay = next(delays, _RESTART_DELAYS[-1])
-                log.warning(
-                    "the metrics endpoint's helper process exited (status %s): starting it again in %.1f s",
-                    code,
-                    delay,
-                )
+                if reason == UNRESPONSIVE:
+                    log.warning(
+                        "the metrics endpoint's helper process did not answer for %.0f s: killed it, "
+                        "starting another in %.1f s",
+                        PING_TIMEOUT,
+                        delay,
+                    )
+                else:
+                    log.warning(
+                        "the metrics endpoint's helper process exited (status %s): starting it again in "
+                        "%.1f s",
+                        code,
+                        delay,
+                    )
                 await asyncio.sleep(delay)
                 try:
                     reader, writer = await self._spawn()
                     break
                 except (OSError, RuntimeError) as exc:
-                    code = exc
+                    reason, code = EXITED, exc
+
+    async def _ping(self, writer: asyncio.StreamWriter) -> None:
+        """Ping the helper on ``writer`` every PING_INTERVAL; kill it once it has not answered for
+        PING_TIMEOUT (its control socket then closes, and :meth:`_supervise` starts another)."""
+        while not writer.is_closing():
+            writer.write(frame({"op": "ping"}))
+            await asyncio.sleep(PING_INTERVAL)
+            if time.monotonic() - self._answered > PING_TIMEOUT and self._process is not None:
+                self._unresponsive = True
+                self._process.kill()  # SIGKILL: a stopped process ends too
+                return
 
     async def _answer(self, head: dict[str, Any], body: bytes, writer: asyncio.StreamWriter) -> None:
         """Answer one request of the helper on ``writer``, its own control socket (not a helper's started
@@ -207,7 +282,9 @@ class HelperService:
         self._sock.close()
 
 
-def _helper_command(listen_fd: int, control_fd: int) -> tuple[list[str], dict[str, str]]:
+def _helper_command(
+    listen_fd: int, control_fd: int, profiling: bool, multiprocess: bool
+) -> tuple[list[str], dict[str, str]]:
     """``python -I`` running :func:`main`, and its environment: this process's, with this process's
     ``sys.path`` for the helper to import from (less ``inferwatch run``'s bootstrap directory, whose
     ``sitecustomize`` would instrument the helper)."""
@@ -219,7 +296,8 @@ def _helper_command(listen_fd: int, control_fd: int) -> tuple[list[str], dict[st
         f"import json, os, sys; sys.path[:] = json.loads(os.environ.pop({_PATH_ENV!r})); "
         "from inferwatch.instrumentation.http_process import main; sys.exit(main(sys.argv[1:]))"
     )
-    command = [sys.executable, "-I", "-c", code, str(listen_fd), str(control_fd), str(os.getpid())]
+    fds = (listen_fd, control_fd, os.getpid(), int(profiling), int(multiprocess))
+    command = [sys.executable, "-I", "-c", code, *map(str, fds)]
     return command, {**os.environ, _PATH_ENV: json.dumps(path)}
 
 
@@ -280,6 +358,9 @@ class _Channel:
         try:
             while True:
                 head, body = await _read_frame(self._reader)
+                if head.get("op") == "ping":  # the serving process checks that this loop still runs
+                    self.send({"op": "pong"})
+                    continue
                 answer = self._waiting.get(head.get("id"))
                 if answer is not None and not answer.done():
                     answer.set_result((head, body))
@@ -341,10 +422,15 @@ class _RemoteRenderings:
         return bool(head["collected"])
 
 
-def _forward_debug(channel: _Channel) -> Any:
-    """An ASGI app that answers ``/debug/`` requests with the serving process's :class:`DebugApp`."""
+def _forward_debug(channel: _Channel, refused: Answer | None) -> Any:
+    """An ASGI app that answers ``/debug/`` requests with the serving process's :class:`DebugApp`, or,
+    where that refuses them all (``refused``), at once, before any body is read."""
 
     async def forward(scope: Scope, receive: Receive, send: Send) -> None:
+        if refused is not None:
+            status, out, fields = refused
+            await respond(send, status, fields, out, head=scope["method"] == "HEAD")
+            return
         # A body over the bound arrives one byte too long: the serving process refuses it as too large.
         body = await read_body(receive)
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
@@ -362,12 +448,14 @@ def _forward_debug(channel: _Channel) -> Any:
     return forward
 
 
-async def _serve(listener: socket.socket, control: socket.socket, web: WebConfig, parent: int) -> None:
+async def _serve(
+    listener: socket.socket, control: socket.socket, web: WebConfig, parent: int, debug: Answer | None
+) -> None:
     reader, writer = await asyncio.open_connection(sock=control)
     channel = _Channel(reader, writer)
     app = _EndpointApp(_RemoteRenderings(channel), share=HELPER_CPU_SHARE, whole_thread=True)
     server = HttpServer(
-        guarded(with_debug_routes(app, _forward_debug(channel)), web),
+        guarded(with_debug_routes(app, _forward_debug(channel, debug)), web),
         listener,
         log,
         ssl_context=web.ssl_context,
@@ -391,16 +479,17 @@ async def _serve(listener: socket.socket, control: socket.socket, web: WebConfig
 
 
 def main(argv: Sequence[str]) -> int:
-    """The helper: ``LISTEN_FD CONTROL_FD PARENT_PID`` (what :class:`HelperService` passes)."""
+    """The helper: ``LISTEN_FD CONTROL_FD PARENT_PID PROFILING MULTIPROCESS`` (what :class:`HelperService`
+    passes; the last two, 1 or 0, say whether ``/debug/`` requests are refused before their body)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the serving process's to handle
     name_os_thread(THREAD_NAME)
     return_freed_memory()  # a process of its own, unlike the serving process: its floods leave no peak
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s inferwatch-http[%(process)d]: %(message)s")
-    listen_fd, control_fd, parent = (int(arg) for arg in argv)
+    listen_fd, control_fd, parent, profiling, multiprocess = (int(arg) for arg in argv)
     listener = socket.socket(fileno=listen_fd)
     control = socket.socket(fileno=control_fd)
     # The serving process checked this file before starting the helper; a change in between is refused
     # here, which the serving process sees as a helper that did not start.
     web = load_web_config(os.environ.get(WEB_CONFIG_ENV, ""))
-    asyncio.run(_serve(listener, control, web, parent))
+    asyncio.run(_serve(listener, control, web, parent, refusal(bool(profiling), bool(multiprocess))))
     return 0

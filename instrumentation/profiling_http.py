@@ -21,13 +21,15 @@
   group's interval is not spent: Alertmanager retries the notification, so the group gets its capture.
 
 Only this module's answers are JSON; no request names a file: a trace is found by the capture's id, which
-the process made. Importing this module imports no torch.
+the process made. A body that cannot be used (not JSON, nested too deep to parse, not a webhook payload,
+too large) is answered 400 with one log line, never a 500. Importing this module imports no torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from inferwatch.common.httpserver import Receive, Scope, Send, respond
+from inferwatch.common.lograte import RateLimit
 
 from .memory_evidence import MEMORY, cuda_ready
 from .profiling import CAPTURES, CaptureRefused, ProfileConfig
@@ -51,6 +54,12 @@ DEFAULT_STEPS = 20
 DEFAULT_SECONDS = 10.0
 
 App = Callable[[Scope, Receive, Send], Any]
+#: A ``/debug/`` answer: status, body, headers.
+Answer = tuple[int, bytes, list[tuple[str, str]]]
+
+log = logging.getLogger(__name__)
+# One line per refused body, a few a minute: a client sending bad bodies in a loop must not flood the log.
+log.addFilter(RateLimit())
 
 
 def _json(status: int, document: Any) -> tuple[int, bytes, list[tuple[str, str]]]:
@@ -60,6 +69,17 @@ def _json(status: int, document: Any) -> tuple[int, bytes, list[tuple[str, str]]
 
 def _error(status: int, message: str) -> tuple[int, bytes, list[tuple[str, str]]]:
     return _json(status, {"error": message})
+
+
+def refusal(enabled: bool, multiprocess: bool) -> Answer | None:
+    """The answer to every ``/debug/`` request of a process where profiling is off (403) or whose models
+    run in other processes (501), or None: it needs nothing of the request, so it is sent before any body
+    is read (the endpoint's helper process sends it itself)."""
+    if not enabled:
+        return _error(403, "profiling is off in this process: start it with INFERWATCH_PROFILE=1")
+    if multiprocess:
+        return _error(501, "profiling a multiprocess server is not supported: its models run in workers")
+    return None
 
 
 class DebugApp:
@@ -99,11 +119,7 @@ class DebugApp:
         return _error(404, f"no such path: {path}")
 
     def _refusal(self) -> tuple[int, bytes, list[tuple[str, str]]] | None:
-        if not self.config.enabled:
-            return _error(403, "profiling is off in this process: start it with INFERWATCH_PROFILE=1")
-        if self.multiprocess:
-            return _error(501, "profiling a multiprocess server is not supported: its models run in workers")
-        return None
+        return refusal(self.config.enabled, self.multiprocess)
 
     def _start(
         self, query: dict[str, list[str]], requested_by: str = "http"
@@ -134,8 +150,10 @@ class DebugApp:
         body = await read_body(receive)
         try:
             payload = json.loads(body) if len(body) <= MAX_BODY_BYTES else None
-            group, status = str(payload["groupKey"]), payload["status"]
-        except (ValueError, TypeError, KeyError):
+            group, status = str(payload["groupKey"]), str(payload["status"])
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            # RecursionError: valid JSON nested ~1000 deep (2 KB) is deeper than the parser goes.
+            log.warning("POST /debug/alertmanager: a body of %d bytes refused (400): %r", len(body), exc)
             return _error(400, f"not an Alertmanager webhook payload (or over {MAX_BODY_BYTES} bytes)")
         if status != "firing":
             return _json(200, {"skipped": f"status {status}"})

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 from inferwatch.common import names, promql
+from inferwatch.common.durations import parse_duration
 from inferwatch.common.promql import PER_TARGET, eq, one_of, regex
 
-from .base import GPU, VALUE, AlertGroup, AlertRule, Params, events_above, label
+from .base import GPU, VALUE, VALUE_DURATION, AlertGroup, AlertRule, Params, label
 
 GROUP = AlertGroup("inferwatch-gpu-faults")
 
 
 @GROUP.alert("InferwatchGpuXidError")
 def _gpu_xid_error(p: Params) -> list[AlertRule]:
-    xids = p.exporter(names.GPU_XID_ERRORS_TOTAL, regex("xid", one_of(p["xids"])))
+    # The time of the code's last XID, not a rise of its counter: it says "an XID within the window"
+    # whatever the series did before (born at 1, come back at the same count after a restart of the
+    # exporter without a state directory, absent at the window's start), so no XID goes unpaged
+    # (docs/alerts.md, "XIDs across exporter restarts"). The value is how long ago it was.
+    last = p.exporter(names.GPU_XID_LAST_TIMESTAMP_SECONDS, regex("xid", one_of(p["xids"])))
     window = p["window"]
+    ago = promql.time() - last
     return [
         p.rule(
-            events_above(xids, window, 0),
+            ago.lt(parse_duration(window, promql=True)),
             f"{GPU} reported XID {label('xid')}.",
-            f"{GPU} reported XID {label('xid')} {VALUE} times in the last {window}. This XID means a "
-            "hardware, driver or firmware fault; the GPU may need a reset or service. " + p.gpu_users(),
+            f"{GPU} reported XID {label('xid')} {VALUE_DURATION} ago (an XID of this code within the last "
+            f"{window}). This XID means a hardware, driver or firmware fault; the GPU may need a reset or "
+            "service. " + p.gpu_users(),
         )
     ]
 

@@ -3,12 +3,16 @@ worker's live gauges leave it; the oldest running request's age comes through as
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from inferwatch.instrumentation.exposition import (
     MULTIPROC_DIR_ENV,
@@ -17,7 +21,8 @@ from inferwatch.instrumentation.exposition import (
     start_http_server,
 )
 
-from tests.support import http_get, sample_value
+from tests.support import free_port, http_get, sample_value
+from tests.support.services import require_binary, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +125,70 @@ def test_multiprocess_mode_has_the_oldest_running_requests_age(tmp_path: Path) -
     mark_process_dead(worker.pid, multiproc_dir)
     aggregate = multiprocess_registry(multiproc_dir)
     assert aggregate.get_sample_value("llm_request_oldest_running_age_seconds", {"model": "held"}) is None
+
+
+# A pre-forking server in miniature (gunicorn's shape): the master, where `inferwatch run` started the
+# endpoint, forks workers that each hold one running request, and reaps them as they die.
+PREFORK = """
+import os, time
+from inferwatch.instrumentation import track_request
+
+for _ in range(3):
+    if os.fork() == 0:
+        with track_request(model_name="forked"):
+            print(os.getpid(), flush=True)
+            time.sleep(600)
+        os._exit(0)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(600)
+"""
+
+
+def test_a_killed_workers_gauges_go_and_a_killed_masters_port_is_free_at_once(tmp_path: Path) -> None:
+    multiproc_dir = tmp_path / "multiproc"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    launcher = [require_binary("inferwatch"), "run", "--multiprocess-dir", str(multiproc_dir)]
+    master = subprocess.Popen(
+        [*launcher, "--port", str(port), "--", sys.executable, "-c", PREFORK],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    try:
+        workers = [int(master.stdout.readline()) for _ in range(3)]  # type: ignore[union-attr]
+
+        def running() -> float | None:
+            return sample_value(http_get(url)[1], "llm_requests_running", model="forked")
+
+        wait_until(lambda: running() == 3, 30, "3 running requests")
+        # Killed mid-request, without any hook: its running request leaves the sum.
+        os.kill(workers[0], signal.SIGKILL)
+        wait_until(lambda: running() == 2, 10, lambda: f"2 running requests (now {running()})")
+
+        # The master dies; its workers live on (until they notice), but hold no copy of the port.
+        master.kill()
+        master.wait(10)
+        killed = time.monotonic()
+
+        def port_free() -> bool:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+                return True
+
+        wait_until(port_free, 10, "the port to be free")
+        assert time.monotonic() - killed < 2.0
+        assert all(psutil.pid_exists(pid) for pid in workers[1:])  # alive, yet not holding the port
+    finally:
+        master.kill()
+        master.wait()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

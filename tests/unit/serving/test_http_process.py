@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 
 import psutil
 import pytest
 from inferwatch.instrumentation.exposition import THREAD_NAME, start_http_server
+from inferwatch.instrumentation.http_process import PING_INTERVAL, PING_TIMEOUT
 from inferwatch.instrumentation.profiling_http import MAX_BODY_BYTES
 from prometheus_client import CollectorRegistry, Counter
 
@@ -91,3 +94,83 @@ def test_a_forwarded_debug_body_over_the_bound_is_refused_as_too_long(
             assert got == status, text
             if status == 400:
                 assert f"over {MAX_BODY_BYTES} bytes" in text
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_a_webhook_body_nested_too_deep_is_a_400_with_one_log_line(
+    helper: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("INFERWATCH_PROFILE", "1")
+    monkeypatch.setenv("INFERWATCH_HTTP_PROCESS", helper)
+    with start_http_server(0, registry=CollectorRegistry()) as server:
+        url = server.url.replace("/metrics", "/debug/alertmanager")
+        # Valid JSON, 2 KB, deeper than the parser goes (RecursionError); then nested in a valid payload.
+        deep = b"[" * 990 + b"]" * 990
+        for body in (deep, b'{"groupKey": ' + deep + b', "status": "firing"}'):
+            caplog.clear()
+            status, text = _post(url, body)
+            assert status == 400, text
+            assert "not an Alertmanager webhook payload" in text
+            refused = [r for r in caplog.records if "refused (400)" in r.getMessage()]
+            assert len(refused) == 1 and refused[0].exc_info is None, caplog.text
+            assert "Traceback" not in caplog.text
+        assert _post(url, b'{"groupKey": "g", "status": "resolved"}')[0] == 200
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_a_debug_request_is_refused_before_its_body_when_profiling_is_off(
+    helper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INFERWATCH_PROFILE", raising=False)
+    monkeypatch.setenv("INFERWATCH_HTTP_PROCESS", helper)
+    with start_http_server(0, registry=CollectorRegistry()) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            # A head that promises a body which never comes.
+            client.sendall(b"POST /debug/alertmanager HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+            started = time.monotonic()
+            answer = b""
+            while b"profiling is off" not in answer and (chunk := client.recv(4096)):
+                answer += chunk
+            waited = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 403"), answer
+        assert b"profiling is off" in answer
+        assert waited < 2.0  # not the 10 s the request's deadline allows for its body
+
+
+def test_a_stopped_helper_is_killed_and_replaced_and_the_restart_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    Counter("llm_wedged_events", "Events.", registry=registry).inc()
+    with start_http_server(0, registry=registry) as server:
+        body = http_get(server.url)[1]
+        assert sample_value(body, "inferwatch_endpoint_helper_restarts_total", reason="unresponsive") == 0
+        assert sample_value(body, "inferwatch_endpoint_helper_restarts_total", reason="exited") == 0
+        stopped = _helper(psutil.Process())
+        stopped.send_signal(signal.SIGSTOP)  # alive, its socket open, answering nothing: what a deadlock does
+        started = time.monotonic()
+
+        def replaced() -> psutil.Process | None:
+            helper = _helper(psutil.Process())
+            return helper if helper.pid != stopped.pid else None
+
+        helper = wait_until(replaced, timeout=PING_TIMEOUT + PING_INTERVAL + 10, what="a new helper")
+        body = http_get(server.url, timeout=10)[1]
+        waited = time.monotonic() - started
+        assert waited < PING_TIMEOUT + PING_INTERVAL + 3, waited
+        assert sample_value(body, "llm_wedged_events_total") == 1
+        assert sample_value(body, "inferwatch_endpoint_helper_restarts_total", reason="unresponsive") == 1
+        assert sample_value(body, "inferwatch_endpoint_helper_restarts_total", reason="exited") == 0
+        assert not psutil.pid_exists(stopped.pid)  # killed and reaped, no zombie
+        assert helper.is_running()
+    lines = [r for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
