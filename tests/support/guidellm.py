@@ -16,7 +16,8 @@ How the tests drive it (guidellm 0.8, ``guidellm run``):
 
 * synthetic prompts of ``prompt_tokens`` tokens of the model's own tokenizer, read from the model
   directory (``--tokenizer kind=hf_auto,model=DIR``, offline);
-* the answer's length set by the backend's ``max_tokens`` (sent as ``max_completion_tokens``), never by
+* the answer's length set by the backend's ``max_tokens`` (sent as ``max_completion_tokens``, and as
+  ``max_tokens`` in the body for transformers 5.17, which reads only that), never by
   ``output_tokens`` in ``--data``: with that, guidellm also sends ``ignore_eos``, a field transformers
   serve refuses with 422;
 * ``--profile kind=synchronous`` (one request at a time) or ``kind=concurrent,streams=N`` (N in flight),
@@ -180,10 +181,19 @@ def run_guidellm(
     report, log_path = workdir / "guidellm.json", workdir / "guidellm.log"
     target = f"http://127.0.0.1:{server.api_port}"
     profile = "kind=synchronous" if streams == 1 else f"kind=concurrent,streams={streams}"
+    # guidellm sends max_tokens as max_completion_tokens, which transformers serve 5.17 ignores (it then
+    # generated its default 1024): the body also carries the older field, which every version reads.
+    backend = {
+        "kind": "openai_http",
+        "target": target,
+        "model": server.model,
+        "max_tokens": max_tokens,
+        "extras": {"body": {"max_tokens": max_tokens}},
+    }
     command = [
         guidellm_executable(),
         "run",
-        f"--backend=kind=openai_http,target={target},model={server.model},max_tokens={max_tokens}",
+        f"--backend={json.dumps(backend)}",
         f"--profile={profile}",
         f"--constraint=kind=max_requests,count={requests}",
         f"--tokenizer=kind=hf_auto,model={server.model}",

@@ -29,6 +29,8 @@ from transformers import GenerationConfig
 from tests.support import METRICS_DOC, documented_metrics, http_get
 from tests.support.batching import small_page_pool
 
+pytestmark = pytest.mark.matrix
+
 SECTION = "Instrumentation"
 CUDA_ONLY = "*CUDA only.*"
 MODEL = "live"
@@ -131,24 +133,27 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
         continuous_batching_config=small_page_pool(),
     )
     manager.start()
-    manager.add_request(encode_text("batched"), max_new_tokens=4)
-    assert manager.get_result(timeout=60) is not None
-    assert handle.flush()
+    try:
+        manager.add_request(encode_text("batched"), max_new_tokens=4)
+        assert manager.get_result(timeout=60) is not None
+        assert handle.flush()
 
-    documented = documented_metrics(SECTION)
-    cuda_only = cuda_only_metrics()
-    assert cuda_only <= set(documented)
-    expected_series = set(documented) if on_cuda else set(documented) - cuda_only
-    with start_http_server(0, registry=registry) as server:
-        deadline = time.monotonic() + 10  # the ratios and the headroom come with the sampler's next poll
-        while True:
-            exposed, with_series = llm_families(http_get(server.url)[1])
-            if expected_series <= with_series or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        documented = documented_metrics(SECTION)
+        cuda_only = cuda_only_metrics()
+        assert cuda_only <= set(documented)
+        expected_series = set(documented) if on_cuda else set(documented) - cuda_only
+        with start_http_server(0, registry=registry) as server:
+            deadline = time.monotonic() + 10  # the ratios and the headroom come with the sampler's next poll
+            while True:
+                exposed, with_series = llm_families(http_get(server.url)[1])
+                if expected_series <= with_series or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+    finally:
+        # The manager's generation thread is not a daemon: left running, it holds pytest at exit.
+        manager.stop(block=True)
 
     assert sorted(set(exposed) - set(documented)) == [], "exposed but not in docs/metrics.md"
     assert sorted(set(documented) - set(exposed)) == [], "in docs/metrics.md but not exposed"
     assert {name: exposed[name] for name in documented} == documented, "types differ"
-    manager.stop(block=True)
     assert sorted(expected_series - with_series) == [], "documented (and not CUDA-only on CPU), no series"

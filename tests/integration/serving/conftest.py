@@ -26,10 +26,11 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     and decode tokens together in paged-attention steps; ``generate`` is never called."""
     workdir = tmp_path_factory.mktemp("transformers-serve-cb")
     model_dir = write_serve_model(workdir / "model")
-    # On the CPU transformers sizes the paged cache from free host memory: about 13 GB of this 24 GB
-    # machine, which the kernel's OOM killer took back once beside another test run. 512 blocks hold more
-    # than the four clients' prompts and answers need.
-    options = ("--continuous-batching", "--cb-num-blocks=512")
+    # On the CPU transformers sizes the paged cache from free host memory, and its batch buffers from the
+    # tokens a step may hold: 15.7 GB of this 24 GB machine with transformers 5.17 (the kernel's OOM killer
+    # took it), 4.9 GB with 5.25. 512 blocks and 512 tokens a step hold more than the four clients' prompts
+    # and answers need: 0.66 GB.
+    options = ("--continuous-batching", "--cb-num-blocks=512", "--cb-max-batch-tokens=512")
     with serve(
         workdir, model_dir, force_model=True, model_timeout=600, name="serve-cb", options=options
     ) as running:

@@ -14,7 +14,7 @@ from tests.support import http_get, parse_samples, sample_value
 from tests.support.processes import INFERWATCH, run, spawn
 from tests.support.services import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 
 # A serving program as a user writes it, with no inferwatch in it: one model from each construction path
 # (from_config, from_pretrained, direct), each moved to the device argument after it is built and

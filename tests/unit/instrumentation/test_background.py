@@ -16,6 +16,8 @@ from inferwatch.instrumentation.series import series_for
 
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape
 
+pytestmark = pytest.mark.matrix
+
 GPU_UUID = "GPU-00000000-0000-0000-0000-000000000000"
 
 

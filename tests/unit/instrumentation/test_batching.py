@@ -26,6 +26,8 @@ from tests.support import sample_value
 from tests.support.batching import small_page_pool
 from tests.support.observations import ObservationRecorder
 
+pytestmark = pytest.mark.matrix
+
 MODEL = "cb"
 #: inferwatch's TTFT and E2E per request against the manager's own timestamps for it.
 RELATIVE_TOLERANCE = 0.10

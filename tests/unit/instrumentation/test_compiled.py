@@ -21,6 +21,8 @@ from transformers.generation.configuration_utils import CompileConfig
 
 from tests.unit.instrumentation.conftest import metric
 
+pytestmark = pytest.mark.matrix
+
 NEW_TOKENS = 6
 
 dynamo = pytest.importorskip("torch._dynamo")

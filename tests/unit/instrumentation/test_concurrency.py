@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from tests.unit.instrumentation.conftest import batch_of, metric
+
+pytestmark = pytest.mark.matrix
 
 THREADS = 4
 REQUESTS_PER_THREAD = 3

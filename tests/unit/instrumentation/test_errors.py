@@ -11,6 +11,8 @@ from inferwatch.instrumentation.series import series_for
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 
+pytestmark = pytest.mark.matrix
+
 
 class RaiseOnDecode:
     """A forward hook on a submodule raising ``error`` at its n-th call: the model failing mid-request."""

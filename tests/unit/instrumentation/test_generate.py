@@ -10,6 +10,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 
+pytestmark = pytest.mark.matrix
+
 
 class EosSchedule(LogitsProcessor):
     """Row ``r`` emits EOS exactly at its ``schedule[r]``-th new token and never before; rows without an

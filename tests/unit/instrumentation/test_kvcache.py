@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from inferwatch.instrumentation.kvcache import measure, output_cache
 from transformers import StaticCache
@@ -9,6 +10,8 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import ALL_CACHE_NAMES
 
 from tests.unit.instrumentation.conftest import batch_of, metric
+
+pytestmark = pytest.mark.matrix
 
 
 def bytes_per_token(model: torch.nn.Module) -> int:

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 
+pytestmark = pytest.mark.matrix
+
 
 def _generate(model: torch.nn.Module) -> torch.Tensor:
     ids, mask = batch_of("lifecycle")

@@ -25,6 +25,8 @@ from tests.unit.instrumentation.conftest import batch_of
 from tests.unit.instrumentation.test_compiled import compiled_generation_config
 from tests.unit.instrumentation.test_generate import EosSchedule
 
+pytestmark = pytest.mark.matrix
+
 #: Decode steps one resolution batch of generate holds: a forward and a sampled-token mark per step.
 GENERATE_LAG = request.DRAIN_BATCH // 2 + 1
 #: Decode steps one resolution batch of a compiled run holds: two marks per step.

@@ -30,6 +30,8 @@ from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+pytestmark = pytest.mark.matrix
+
 MODEL = "paged"
 PAGE = 256  # tokens of one page (one block of every layer), transformers' default
 #: The page-size argument of this transformers release.

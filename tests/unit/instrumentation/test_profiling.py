@@ -23,6 +23,8 @@ from inferwatch.instrumentation.profiling import CAPTURES, ProfileConfig
 from tests.support import http_get
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
+pytestmark = pytest.mark.matrix
+
 
 def post(url: str) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(url, method="POST")

@@ -14,6 +14,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation import instrument, track_request
@@ -28,6 +29,8 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from tests.support.batching import small_page_pool
 from tests.unit.instrumentation.conftest import batch_of
+
+pytestmark = pytest.mark.matrix
 
 AGE = "llm_request_oldest_running_age_seconds"
 RUNNING = "llm_requests_running"

@@ -20,6 +20,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape
 
+pytestmark = pytest.mark.matrix
+
 LIVE_FAMILIES = ("llm_model_info", "llm_requests_running", "llm_requests_waiting", "llm_kv_cache_bytes")
 
 

@@ -16,6 +16,8 @@ from transformers.generation.candidate_generator import (
 
 from tests.unit.instrumentation.conftest import metric
 
+pytestmark = pytest.mark.matrix
+
 NEW_TOKENS = 24
 
 

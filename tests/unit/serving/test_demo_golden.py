@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from inferwatch.instrumentation import instrument, track_request
 from inferwatch.instrumentation.demo import RequestStream, _Generation
@@ -24,6 +25,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 
 from tests.support.batching import small_page_pool
+
+pytestmark = pytest.mark.matrix
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_families.txt"
 MODEL = "demo-golden"
