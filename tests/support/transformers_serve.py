@@ -117,7 +117,11 @@ def serve(
         f"--model-timeout={model_timeout}",
         *options,
     ]
-    with spawn(command, workdir, name=name) as process:
+    # An empty hub cache of its own: the server reads no model from the machine's, and transformers serve
+    # 5.17 answers /v1/models with a 500 where the cache directory does not exist (a fresh machine).
+    cache = workdir / "hf-cache"
+    cache.mkdir(exist_ok=True)
+    with spawn(command, workdir, name=name, env={"HF_HUB_CACHE": str(cache)}) as process:
         server = Server(process, api_port, metrics_port, str(model_dir))
         try:
             # Start-up imports torch, transformers and FastAPI, and loads a forced model: slow on busy cores.
