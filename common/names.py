@@ -107,3 +107,4 @@ INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL = "inferwatch_exporter_nvml_errors_total"
 # --- Prometheus's own series, and prometheus_client's process collector in a serving process ---------
 UP = "up"
 PROCESS_RESIDENT_MEMORY_BYTES = "process_resident_memory_bytes"
+PROCESS_START_TIME_SECONDS = "process_start_time_seconds"

@@ -5,7 +5,9 @@ RFC 9110 (12.5.1, 12.5.3): each entry of ``Accept`` / ``Accept-Encoding`` may ca
 (``text/*``, ``*/*``) for the types it names. Prometheus asks for OpenMetrics with a higher ``q`` than the
 text format (``application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1``); a
 client that gives both the same weight gets the one it listed first, and one that names neither gets the
-text format, as with prometheus_client.
+first offered type it does not refuse (the text format, as with prometheus_client, unless it refuses that
+one). A client that refuses every offered type (``*/*;q=0``, or each one named with ``q=0``) is answered
+406 Not Acceptable (:class:`NotAcceptable`): it said it cannot use any of them, unlike one that named none.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from dataclasses import dataclass
 
 OPENMETRICS = "application/openmetrics-text"
 TEXT = "text/plain"
+
+
+class NotAcceptable(Exception):
+    """The ``Accept`` header refuses every offered media type (``q=0``): the answer is 406, no body format."""
+
+    def __init__(self, offered: Sequence[str]) -> None:
+        # The message is the 406 body: the formats on offer, for the client to ask for one (RFC 9110 15.5.7).
+        super().__init__(
+            f"Not acceptable: the Accept header refuses (q=0) every format offered: {', '.join(offered)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -56,19 +68,27 @@ def _match(entries: list[_Entry], names: Sequence[str]) -> _Entry | None:
     return max(found, key=lambda e: (e.q, -e.position)) if found else None
 
 
-def choose_media_type(accept: str | None, offered: Sequence[str]) -> tuple[str, str] | None:
+def choose_media_type(accept: str | None, offered: Sequence[str]) -> tuple[str, str]:
     """The offered media type ``accept`` prefers, with the entry that chose it (its parameters, such as
-    ``version=``, without ``q``; the bare type when a range such as ``*/*`` chose it), or None when the
-    header names none of them acceptably."""
+    ``version=``, without ``q``; the bare type when a range such as ``*/*`` chose it, or none did).
+
+    A header that names none of them acceptably (absent, empty, only other types) gets the first offered
+    type it does not refuse: RFC 9110 lets a server disregard such a header rather than answer 406. One
+    that refuses every offered type raises :class:`NotAcceptable`.
+    """
     entries = _entries(accept)
     best: tuple[tuple[float, int, int], str, str] | None = None
+    unrefused: list[str] = []
     for rank, media_type in enumerate(offered):
         major = media_type.split("/")[0]
         # The most specific entry decides: the type itself, else its major range, else */*.
         entry = (
             _match(entries, (media_type,)) or _match(entries, (f"{major}/*",)) or _match(entries, ("*/*",))
         )
-        if entry is None or entry.q <= 0:
+        if entry is None:
+            unrefused.append(media_type)
+            continue
+        if entry.q <= 0:
             continue
         named = entry.media_type == media_type
         # Heavier first; among equals, an entry naming the type before a range, then the earlier entry,
@@ -76,13 +96,17 @@ def choose_media_type(accept: str | None, offered: Sequence[str]) -> tuple[str, 
         key = (entry.q, named, -entry.position if named else -rank)
         if best is None or key > best[0]:
             best = (key, media_type, entry.text if named else media_type)
-    return None if best is None else (best[1], best[2])
+    if best is not None:
+        return best[1], best[2]
+    if not unrefused:
+        raise NotAcceptable(offered)
+    return unrefused[0], unrefused[0]
 
 
 def prefers_openmetrics(accept: str | None) -> bool:
-    """Whether to answer OpenMetrics rather than the text format (0.0.4) to this ``Accept`` header."""
-    chosen = choose_media_type(accept, (TEXT, OPENMETRICS))
-    return chosen is not None and chosen[0] == OPENMETRICS
+    """Whether to answer OpenMetrics rather than the text format (0.0.4) to this ``Accept`` header;
+    raises :class:`NotAcceptable` when it refuses both."""
+    return choose_media_type(accept, (TEXT, OPENMETRICS))[0] == OPENMETRICS
 
 
 def gzip_acceptable(accept_encoding: str | None) -> bool:

@@ -51,6 +51,8 @@ class Exposition:
         self._bodies: dict[tuple[bool, bool], Body] = {}  # (openmetrics, gzip) -> body of self._state
 
     def render(self, accept: str | None, accept_encoding: str | None = None) -> Body:
+        """The body for these headers; raises :class:`~inferwatch.common.negotiation.NotAcceptable` when
+        ``Accept`` refuses both formats."""
         variant = (prefers_openmetrics(accept), gzip_acceptable(accept_encoding))
         # One rendering at a time: concurrent scrapes after a collection wait for it, then share it.
         with self._lock:

@@ -27,6 +27,7 @@ from inferwatch.common.httpserver import (
     respond,
 )
 from inferwatch.common.lograte import RateLimit
+from inferwatch.common.negotiation import NotAcceptable
 from inferwatch.common.webconfig import BasicAuth, Credentials, WebConfig
 
 from .errors import ListenError
@@ -121,7 +122,10 @@ class ExporterServer:
             return 401, b"Unauthorized\n", [("Content-Type", _TEXT), challenge]
         path = urlsplit(scope["path"]).path
         if path == self.telemetry_path:
-            body = self.exposition.render(headers.get("accept"), headers.get("accept-encoding"))
+            try:
+                body = self.exposition.render(headers.get("accept"), headers.get("accept-encoding"))
+            except NotAcceptable as refused:
+                return 406, f"{refused}\n".encode(), [("Content-Type", _TEXT)]
             fields = [("Content-Type", body.content_type), ("Vary", "Accept-Encoding")]
             if body.gzipped:
                 fields.append(("Content-Encoding", "gzip"))

@@ -17,12 +17,14 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from inferwatch.common.clock import SYSTEM_CLOCK, LoopClock
 from inferwatch.common.httpserver import CpuBudget, Receive, Scope, Send, request_headers, respond
+from inferwatch.common.negotiation import NotAcceptable
 from inferwatch.instrumentation.rendering import (
     Collected,
     Exposition,
     Variant,
     encode,
     method_not_allowed,
+    not_acceptable,
     restricted,
     variant_of,
 )
@@ -239,11 +241,17 @@ class _EndpointApp:
         try:
             started = self._cpu()
             headers = request_headers(scope)
-            variant = variant_of(
-                headers.get("accept"),
-                headers.get("accept-encoding"),
-                scope.get("query_string", b"").decode("latin-1"),
-            )
+            try:
+                variant = variant_of(
+                    headers.get("accept"),
+                    headers.get("accept-encoding"),
+                    scope.get("query_string", b"").decode("latin-1"),
+                )
+            except NotAcceptable as refused:  # answered here: no collection is asked for
+                refusal = not_acceptable(refused)
+                await respond(send, 406, refusal.headers, refusal.body, head=method == "HEAD")
+                spent += self._cpu() - started
+                return
             spent += self._cpu() - started
             answer, taken, collected, cpu = await self._renderings.rendering(variant)
             spent += cpu

@@ -54,10 +54,7 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import load_web_config
 from inferwatch.instrumentation.endpoint_app import _EndpointApp, _Renderer
 from inferwatch.instrumentation.profiling_http import DebugApp, with_debug_routes
-from inferwatch.instrumentation.rendering import (
-    method_not_allowed,
-    render,
-)
+from inferwatch.instrumentation.rendering import answer
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -189,20 +186,16 @@ def make_wsgi_app(registry: Collector | None = None) -> Callable:
 
     def metrics_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
-        if method in ("GET", "HEAD"):
-            status, answer = (
-                "200 OK",
-                render(
-                    registry,
-                    environ.get("HTTP_ACCEPT"),
-                    environ.get("HTTP_ACCEPT_ENCODING"),
-                    environ.get("QUERY_STRING", ""),
-                ),
-            )
-        else:
-            status, answer = "405 Method Not Allowed", method_not_allowed()
-        start_response(status, [*answer.headers, ("Content-Length", str(len(answer.body)))])
-        return [b""] if method == "HEAD" else [answer.body]
+        status, exposition = answer(
+            registry,
+            method,
+            environ.get("HTTP_ACCEPT"),
+            environ.get("HTTP_ACCEPT_ENCODING"),
+            environ.get("QUERY_STRING", ""),
+        )
+        headers = [*exposition.headers, ("Content-Length", str(len(exposition.body)))]
+        start_response(f"{status.value} {status.phrase}", headers)
+        return [b""] if method == "HEAD" else [exposition.body]
 
     return metrics_app
 
@@ -215,19 +208,14 @@ def make_asgi_app(registry: Collector | None = None) -> Callable:
         if scope["type"] != "http":
             return
         headers = request_headers(scope)
-        if scope["method"] in ("GET", "HEAD"):
-            status, answer = (
-                200,
-                render(
-                    registry,
-                    headers.get("accept"),
-                    headers.get("accept-encoding"),
-                    scope.get("query_string", b"").decode("latin-1"),
-                ),
-            )
-        else:
-            status, answer = 405, method_not_allowed()
-        await respond(send, status, answer.headers, answer.body, head=scope["method"] == "HEAD")
+        status, exposition = answer(
+            registry,
+            scope["method"],
+            headers.get("accept"),
+            headers.get("accept-encoding"),
+            scope.get("query_string", b"").decode("latin-1"),
+        )
+        await respond(send, status.value, exposition.headers, exposition.body, head=scope["method"] == "HEAD")
 
     return metrics_app
 

@@ -1,6 +1,7 @@
 """The metrics endpoint's answers, encoded: the format chosen by the ``q`` values of ``Accept``
 (prometheus_client's encoders, their versions and escapings), gzip when ``Accept-Encoding`` accepts it,
-and ``name[]`` in the query string restricting the answer to the samples of those names.
+and ``name[]`` in the query string restricting the answer to the samples of those names; 406 when
+``Accept`` refuses every format (``*/*;q=0``).
 
 :mod:`.exposition`'s apps and endpoint answer with these; one collection of a registry can be encoded in
 every variant a request asks for (:class:`Collected`).
@@ -11,10 +12,17 @@ from __future__ import annotations
 import copy
 import gzip
 from collections.abc import Iterable
+from http import HTTPStatus
 from typing import NamedTuple
 from urllib.parse import parse_qs
 
-from inferwatch.common.negotiation import OPENMETRICS, TEXT, choose_media_type, gzip_acceptable
+from inferwatch.common.negotiation import (
+    OPENMETRICS,
+    TEXT,
+    NotAcceptable,
+    choose_media_type,
+    gzip_acceptable,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -39,12 +47,11 @@ class Variant(NamedTuple):
 
 
 def variant_of(accept: str | None, accept_encoding: str | None, query: str) -> Variant:
-    """What a request with these ``Accept`` and ``Accept-Encoding`` headers and query string asks for."""
-    chosen = choose_media_type(accept, (TEXT, OPENMETRICS))
+    """What a request with these ``Accept`` and ``Accept-Encoding`` headers and query string asks for;
+    raises :class:`~inferwatch.common.negotiation.NotAcceptable` when ``Accept`` refuses every format."""
+    _, media = choose_media_type(accept, (TEXT, OPENMETRICS))
     names = parse_qs(query).get("name[]")
-    return Variant(
-        chosen[1] if chosen else "", gzip_acceptable(accept_encoding), frozenset(names) if names else None
-    )
+    return Variant(media, gzip_acceptable(accept_encoding), frozenset(names) if names else None)
 
 
 class Collected:
@@ -85,12 +92,31 @@ def render(
     registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
 ) -> Exposition:
     """The exposition of ``registry``, collected now, as the request headers ask for it; ``name[]`` in
-    the query string restricts it to the samples of those names, as with prometheus_client."""
+    the query string restricts it to the samples of those names, as with prometheus_client. Raises
+    :class:`~inferwatch.common.negotiation.NotAcceptable` (before collecting) when ``Accept`` refuses
+    every format."""
     variant = variant_of(accept, accept_encoding, query)
     if variant.names is not None:
         registry = Collected(restricted(registry.collect(), variant.names))
     return encode(registry, variant)
 
 
+def answer(
+    registry: Collector, method: str, accept: str | None, accept_encoding: str | None, query: str = ""
+) -> tuple[HTTPStatus, Exposition]:
+    """The status and answer of a mounted app (WSGI or ASGI) to a request: :func:`render`'s for GET and
+    HEAD, 406 when ``Accept`` refuses every format, 405 for other methods."""
+    if method not in ("GET", "HEAD"):
+        return HTTPStatus.METHOD_NOT_ALLOWED, method_not_allowed()
+    try:
+        return HTTPStatus.OK, render(registry, accept, accept_encoding, query)
+    except NotAcceptable as refused:
+        return HTTPStatus.NOT_ACCEPTABLE, not_acceptable(refused)
+
+
 def method_not_allowed() -> Exposition:
     return Exposition(b"Method not allowed\n", (("Content-Type", "text/plain"), ("Allow", "GET, HEAD")))
+
+
+def not_acceptable(refused: NotAcceptable) -> Exposition:
+    return Exposition(f"{refused}\n".encode(), (("Content-Type", "text/plain"),))

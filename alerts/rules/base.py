@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.common import names, promql
-from inferwatch.common.promql import PER_MODEL, Selector, eq, num
+from inferwatch.common.durations import parse_duration
+from inferwatch.common.promql import PER_MODEL, PER_TARGET, Selector, eq, num
 
 from ..config import Selectors
 
@@ -152,15 +153,27 @@ class AlertGroup:
 
 
 def events_above(
-    counter: Selector, window: str, threshold: float, by: tuple[str, ...] | None = None
+    counter: Selector,
+    started: Selector,
+    window: str,
+    threshold: float,
+    by: tuple[str, ...] | None = None,
 ) -> promql.Expr:
-    """Counter ``counter`` rose by more than ``threshold`` over ``window``, optionally summed ``by``.
+    """Counter ``counter`` rose by more than ``threshold`` over ``window``, optionally summed ``by``;
+    ``started`` is when its scrape target's process started (``process_start_time_seconds``, Unix time).
 
-    A counter whose label set is created at its first event (an XID code, an error kind) appears with
-    value 1, a rise that increase() cannot see; so a series that did not exist ``window`` ago counts
-    from zero, in a second branch. (When a group has both kinds, each branch is judged on its own.)
+    For a counter its process keeps from 0 at start (not one read from a driver, which a restart of the
+    target leaves as it was). increase() sees only rises between samples, and a series can show up at a
+    value no sample saw it reach: created at its first event (an error kind, an NVML call), or back after
+    a restart of its target at a count as high as before (no drop, so no reset for increase() to count
+    from zero). Such a series counts its whole value, in a second branch: when it did not exist ``window``
+    ago, or when its target started within ``window`` (then every event of its value happened inside the
+    window), whatever the series did before (docs/alerts.md, "Events across restarts"). Each branch is
+    judged on its own: with a threshold above 0, events before and after a restart are not added up.
     """
-    new: promql.Expr = counter.unless(promql.Offset(counter, window))
+    since_start = promql.time() - started
+    restarted = counter.and_(since_start.lt(parse_duration(window, promql=True)), on=PER_TARGET)
+    new: promql.Expr = counter.unless(promql.Offset(counter, window)).or_(restarted)
     increase: promql.Expr = promql.increase(counter, window)
     if by is not None:
         new, increase = promql.aggregate("sum", new, by), promql.aggregate("sum", increase, by)

@@ -63,10 +63,11 @@ def _kv_cache_nearly_full(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchKvCachePreemptions")
 def _kv_cache_preemptions(p: Params) -> list[AlertRule]:
     preemptions = p.serving(names.LLM_KV_CACHE_PREEMPTIONS_TOTAL)
+    started = p.serving(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            events_above(preemptions, window, p["preemptions_above"], by=PER_MODEL),
+            events_above(preemptions, started, window, p["preemptions_above"], by=PER_MODEL),
             f"The continuous-batching scheduler of {MODEL} keeps preempting requests.",
             f"The scheduler of {MODEL} took {VALUE} requests off the device in the last {window} to free "
             f"KV-cache blocks (threshold {num(p['preemptions_above'])}), in every such window for more "
@@ -97,11 +98,13 @@ def _gpu_memory_filling_up(p: Params) -> list[AlertRule]:
 
 @GROUP.alert("InferwatchAllocatorRetries")
 def _allocator_retries(p: Params) -> list[AlertRule]:
+    # torch's count of this process (from 0 at its start), so a restart of the process restarts it.
     retries = p.serving(names.LLM_TORCH_ALLOC_RETRIES_TOTAL)
+    started = p.serving(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            promql.increase(retries, window).gt(p["retries_above"]),
+            events_above(retries, started, window, p["retries_above"]),
             f"The CUDA allocator on {label('device')} of {label('instance')} keeps retrying allocations.",
             f"torch's caching allocator on {label('device')} of {label('instance')} freed its cache and "
             f"retried a failed allocation {VALUE} times in the last {window} (threshold "
@@ -114,10 +117,11 @@ def _allocator_retries(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchOutOfMemory")
 def _out_of_memory(p: Params) -> list[AlertRule]:
     ooms = p.serving(names.LLM_OOM_EVENTS_TOTAL)
+    started = p.serving(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            promql.increase(ooms, window).gt(0),
+            events_above(ooms, started, window, 0),
             f"{MODEL} ran out of device memory.",
             f"Out-of-memory errors raised by {MODEL} in the last {window}: {VALUE}. The requests that "
             "hit them failed.",

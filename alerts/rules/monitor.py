@@ -56,10 +56,11 @@ def _exporter_collection_stale(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchExporterCollectionSlow")
 def _exporter_collection_slow(p: Params) -> list[AlertRule]:
     overruns = p.exporter(names.INFERWATCH_EXPORTER_COLLECTION_OVERRUNS_TOTAL)
+    started = p.exporter(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            promql.increase(overruns, window).gt(p["overruns_above"]),
+            events_above(overruns, started, window, p["overruns_above"]),
             f"Collections of the exporter on {label('instance')} take longer than its interval.",
             f"{VALUE} collections of the exporter on {label('instance')} were still running when the "
             f"next was due in the last {window} (threshold {num(p['overruns_above'])}): readings arrive "
@@ -85,10 +86,11 @@ def _nvml_down(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchNvmlErrors")
 def _nvml_errors(p: Params) -> list[AlertRule]:
     errors = p.exporter(names.INFERWATCH_EXPORTER_NVML_ERRORS_TOTAL, Matcher("error", "not_supported", "!="))
+    started = p.exporter(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            events_above(errors, window, p["errors_above"], by=("job", "instance", "call")),
+            events_above(errors, started, window, p["errors_above"], by=("job", "instance", "call")),
             f"NVML call {label('call')} keeps failing on {label('instance')}.",
             f"NVML call {label('call')} failed {VALUE} times in the last {window} on {label('instance')} "
             f"(threshold {num(p['errors_above'])}); the series it feeds are missing.",
@@ -99,10 +101,11 @@ def _nvml_errors(p: Params) -> list[AlertRule]:
 @GROUP.alert("InferwatchInstrumentationErrors")
 def _instrumentation_errors(p: Params) -> list[AlertRule]:
     errors = p.serving(names.LLM_INSTRUMENTATION_ERRORS_TOTAL)
+    started = p.serving(names.PROCESS_START_TIME_SECONDS)
     window = p["window"]
     return [
         p.rule(
-            events_above(errors, window, p["errors_above"], by=("job", "instance", "stage")),
+            events_above(errors, started, window, p["errors_above"], by=("job", "instance", "stage")),
             f"inferwatch's instrumentation fails at {label('stage')} on {label('instance')}.",
             f"The instrumentation in the serving process on {label('instance')} caught {VALUE} errors "
             f"at stage {label('stage')} in the last {window}. The model kept running, but the metrics "

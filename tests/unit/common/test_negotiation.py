@@ -6,6 +6,7 @@ import pytest
 from inferwatch.common.negotiation import (
     OPENMETRICS,
     TEXT,
+    NotAcceptable,
     choose_media_type,
     gzip_acceptable,
     prefers_openmetrics,
@@ -43,6 +44,8 @@ PROMETHEUS_3 = (
         (None, False),
         ("", False),
         ("application/json", False),
+        # Only the text format refused, OpenMetrics not named: the one not refused.
+        ("text/plain;q=0", True),
         # Parameters and case do not confuse it; a malformed weight counts as 0.
         ("Application/OpenMetrics-Text ; version=1.0.0 ; Q=1, text/plain;q=0.5", True),
         ("application/openmetrics-text;q=high,text/plain;q=0.1", False),
@@ -62,7 +65,24 @@ def test_the_chosen_entry_keeps_its_parameters_without_q() -> None:
     assert choose_media_type(accept, (TEXT, OPENMETRICS)) == (TEXT, "text/plain;version=1.0.0")
     # Chosen through a range: the bare type, so the encoder takes its default version.
     assert choose_media_type("*/*", (TEXT, OPENMETRICS)) == (TEXT, TEXT)
-    assert choose_media_type("application/json", (TEXT, OPENMETRICS)) is None
+    # Named by nothing: the first offered type not refused, bare.
+    assert choose_media_type("application/json", (TEXT, OPENMETRICS)) == (TEXT, TEXT)
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "*/*;q=0",
+        "application/openmetrics-text;q=0, text/plain;q=0, */*;q=0",
+        "text/*;q=0, application/*;q=0",
+        "text/plain;q=0, application/openmetrics-text;q=0",
+    ],
+)
+def test_every_format_refused_is_not_acceptable(accept: str) -> None:
+    with pytest.raises(NotAcceptable, match="text/plain, application/openmetrics-text"):
+        choose_media_type(accept, (TEXT, OPENMETRICS))
+    with pytest.raises(NotAcceptable):
+        prefers_openmetrics(accept)
 
 
 @pytest.mark.parametrize(

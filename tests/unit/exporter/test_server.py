@@ -104,6 +104,18 @@ def test_the_format_follows_the_weights(serve: Any, accept: str, openmetrics: bo
     assert response.body.endswith(b"# EOF\n") is openmetrics
 
 
+@pytest.mark.parametrize("accept", ["*/*;q=0", "application/openmetrics-text;q=0, text/plain;q=0, */*;q=0"])
+def test_every_format_refused_is_answered_406(serve: Any, accept: str) -> None:
+    running = serve()
+    refused, head = running.get("/metrics", Accept=accept), running.get("/metrics", "HEAD", Accept=accept)
+    assert refused.status == head.status == 406
+    assert b"text/plain, application/openmetrics-text" in refused.body and head.body == b""
+    # The text format refused, the rest accepted: OpenMetrics, a format the client accepts.
+    accepted = running.get("/metrics", Accept="text/plain;q=0, */*")
+    assert accepted.status == 200 and accepted.body.endswith(b"# EOF\n")
+    assert accepted.getheader("Content-Type").startswith("application/openmetrics-text")
+
+
 @pytest.mark.parametrize(
     ("accept_encoding", "gzipped"),
     [("gzip", True), ("deflate, gzip;q=0.5", True), ("gzip;q=0", False), ("notgzip", False), ("", False)],

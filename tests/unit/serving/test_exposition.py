@@ -182,6 +182,48 @@ def test_the_endpoint_and_the_apps_choose_the_format_by_weight(
     assert mounted.getheader("Content-Type").startswith(content_type)
 
 
+# Every format refused (q=0), by the range or each one named: 406, not the text format.
+REFUSING = ("*/*;q=0", "application/openmetrics-text;q=0, text/plain;q=0, */*;q=0")
+# The text format refused, the rest accepted through */*: OpenMetrics, the format the client accepts.
+TEXT_REFUSED = "text/plain;q=0, */*"
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["helper-process", "thread"])
+def test_the_endpoint_answers_406_when_every_format_is_refused(
+    registry: CollectorRegistry, helper: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HTTP_PROCESS_ENV, "1" if helper else "0")
+    with start_http_server(0, registry=registry) as server:
+        for accept in REFUSING:
+            refused, body = _request(server.port, Accept=accept)
+            assert refused.status == 406, accept
+            assert b"text/plain, application/openmetrics-text" in body
+            head, nothing = _request(server.port, "HEAD", Accept=accept)
+            assert head.status == 406 and nothing == b""
+        accepted, body = _request(server.port, Accept=TEXT_REFUSED)
+    assert accepted.status == 200
+    assert accepted.getheader("Content-Type").startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+
+def test_the_mounted_apps_answer_406_when_every_format_is_refused(
+    registry: CollectorRegistry, wsgi_server: str
+) -> None:
+    port = int(wsgi_server.rsplit(":", 1)[1])
+    asgi = make_asgi_app(registry)
+    for accept in REFUSING:
+        refused, body = _request(port, Accept=accept)
+        assert refused.status == 406 and refused.reason == "Not Acceptable", accept
+        assert b"text/plain, application/openmetrics-text" in body
+        _, text = _get(asgi, accept, status=406)
+        assert "text/plain, application/openmetrics-text" in text
+    accepted, body = _request(port, Accept=TEXT_REFUSED)
+    assert accepted.status == 200
+    assert accepted.getheader("Content-Type").startswith("application/openmetrics-text")
+    headers, text = _get(asgi, TEXT_REFUSED)
+    assert headers["content-type"].startswith("application/openmetrics-text") and text.endswith("# EOF\n")
+
+
 @pytest.mark.parametrize(
     ("accept_encoding", "gzipped"), [("gzip", True), ("gzip;q=0", False), ("br, xgzip", False)]
 )
@@ -303,11 +345,11 @@ class _Slow:
 
 
 def _get(
-    app: Any, accept: str, query: bytes = b"", clock: ManualClock | None = None
+    app: Any, accept: str, query: bytes = b"", clock: ManualClock | None = None, status: int = 200
 ) -> tuple[dict[str, str], str]:
-    """One GET through ``app`` as ASGI, with the scope an ASGI server passes; the answer's headers
-    (lower-case names) and text. With the app's ``clock``, that clock is moved while the request waits
-    for its CPU budget, a hundredth of a second at a time."""
+    """One GET through ``app`` as ASGI, with the scope an ASGI server passes, answered with ``status``;
+    the answer's headers (lower-case names) and text. With the app's ``clock``, that clock is moved while
+    the request waits for its CPU budget, a hundredth of a second at a time."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -335,7 +377,7 @@ def _get(
 
     asyncio.run(answered())
     start, body = sent
-    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert start["type"] == "http.response.start" and start["status"] == status
     assert body["type"] == "http.response.body"
     headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
     return headers, body["body"].decode()
