@@ -49,22 +49,22 @@ CLIENTS = 2
 MAX_TOKENS = 32
 
 
-def roles(root: int) -> dict[str, list[psutil.Process]]:
-    """The program's processes by role, from their command lines: of the processes transformers serve
-    spawned, the engine holds the model (the most memory); the others are API servers."""
+def roles(root: int, api_port: int) -> dict[str, list[psutil.Process]]:
+    """The program's processes by role: of the processes transformers serve spawned, those that listen
+    on the API's port are API servers, the other is the engine."""
     top = psutil.Process(root)
-    helper, spawned = [], []
+    helper, api, engine = [], [], []
     for child in top.children(recursive=True):
         try:
             line = " ".join(child.cmdline())
+            listening = {c.laddr.port for c in child.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         except psutil.Error:
             continue
         if "inferwatch.instrumentation.http_process" in line:
             helper.append(child)
-        elif "spawn_main" in line:
-            spawned.append(child)
-    spawned.sort(key=lambda process: process.memory_info().rss)
-    return {"main": [top], "engine": spawned[-1:], "api": spawned[:-1], "helper": helper}
+        elif "spawn_main" in line and "resource_tracker" not in line:
+            (api if api_port in listening else engine).append(child)
+    return {"main": [top], "engine": engine, "api": api, "helper": helper}
 
 
 def cpu(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
@@ -148,7 +148,7 @@ def run_mode(name: str, options: tuple[str, ...], seconds: float, rounds: int, w
     with serve(
         work / name, model_dir, force_model=True, model_timeout=600, name=name, options=options
     ) as server:
-        processes = roles(server.process.popen.pid)
+        processes = roles(server.process.popen.pid, server.api_port)
         before = server.metrics()
         clients = Clients(server)
         clients.start()
