@@ -236,6 +236,9 @@ def watch_model(model: Any) -> None:
         for name in FIRST_USE_METHODS:
             if hasattr(model, name) and not isinstance(model.__dict__.get(name), InstrumentOnFirstCall):
                 setattr(model, name, InstrumentOnFirstCall(model, name))
+        # From the model's load on, not its first request: the endpoint shows the engine (and its death)
+        # before any request came.
+        join_program("engine")
     except Exception:
         logger.warning("inferwatch run: cannot watch %s", type(model).__name__, exc_info=True)
 

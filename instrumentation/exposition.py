@@ -284,7 +284,10 @@ def start_http_server(
         raise ListenError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
     # Paths under /debug/ are the on-demand profiles' (docs/profiling.md), refused unless enabled; the
     # web config's TLS, basic auth and headers cover every path.
-    debug = DebugApp(multiprocess=multiprocess_dir() is not None)
+    debug = DebugApp(
+        multiprocess=multiprocess_dir() is not None,
+        models_elsewhere=getattr(registry, "models_elsewhere", None),
+    )
     thread: ServerThread | None = None
     if not in_process:
         from inferwatch.instrumentation.http_process import HelperService

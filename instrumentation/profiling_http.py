@@ -86,9 +86,17 @@ class DebugApp:
     """The ``/debug/`` routes, with the process's :class:`ProfileConfig` (read once, from the environment
     unless given)."""
 
-    def __init__(self, config: ProfileConfig | None = None, multiprocess: bool = False) -> None:
+    def __init__(
+        self,
+        config: ProfileConfig | None = None,
+        multiprocess: bool = False,
+        models_elsewhere: Callable[[], str | None] | None = None,
+    ) -> None:
         self.config = config if config is not None else ProfileConfig.from_env()
         self.multiprocess = multiprocess
+        #: Where the models are when this process has none and other processes of its program do (``inferwatch
+        #: run``'s endpoint over transformers serve 5.25's engine process), else None.
+        self._models_elsewhere = models_elsewhere
         self._groups: OrderedDict[str, float] = OrderedDict()  # groupKey -> time.monotonic() of its capture
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,7 +127,17 @@ class DebugApp:
         return _error(404, f"no such path: {path}")
 
     def _refusal(self) -> tuple[int, bytes, list[tuple[str, str]]] | None:
-        return refusal(self.config.enabled, self.multiprocess)
+        refused = refusal(self.config.enabled, self.multiprocess)
+        if refused is None and self._models_elsewhere is not None:
+            elsewhere = self._models_elsewhere()
+            if elsewhere is not None:
+                # Said at once: a capture here would wait out its seconds for a forward that never comes.
+                return _error(
+                    501,
+                    f"this process runs no model: {elsewhere}; profiles are taken only in "
+                    "the process that serves the endpoint",
+                )
+        return refused
 
     def _start(
         self, query: dict[str, list[str]], requested_by: str = "http"

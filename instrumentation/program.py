@@ -291,6 +291,11 @@ class ProgramHub:
             slow.add_sample("inferwatch_run_late_collections_total", {"role": role}, count)
         return [processes, gone, slow]
 
+    def engines(self) -> list[int]:
+        """The process ids of the live processes that have models."""
+        with self._lock:
+            return [peer.pid for peer in self._peers if peer.role == "engine"]
+
     def close(self) -> None:
         self._closed = True
         self._listener.close()
@@ -313,6 +318,19 @@ class ProgramCollector:
 
     def describe(self) -> list[Metric]:
         return []
+
+    def models_elsewhere(self) -> str | None:
+        """Where the program's models are when this process has none and other processes of it do (the
+        engine of transformers serve 5.25), else None."""
+        from inferwatch.instrumentation.catalogue import existing_metrics
+
+        metrics = existing_metrics(None)
+        if metrics is not None and any(count > 0 for count in metrics.live_models.values()):
+            return None
+        engines = self._hub.engines()
+        if not engines:
+            return None
+        return "the program's models run in its engine process " + ", ".join(str(pid) for pid in engines)
 
 
 # --- a peer's side ------------------------------------------------------------------------------------

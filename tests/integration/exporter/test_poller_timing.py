@@ -102,7 +102,9 @@ def test_an_xid_event_is_counted_with_its_time(make_poller: MakePoller, fake: An
     text = render(poller)
     assert gpu_value(text, "gpu_xid_errors_total", 1, xid="79") == 2
     assert abs(gpu_value(text, "gpu_xid_last_timestamp_seconds", 1, xid="79") - time.time()) < 5
-    assert gpu_value(text, "gpu_xid_errors_total", 0) is None
+    # GPU 0 had none: its critical codes are there at 0 (born at zero), with no time of a last one.
+    assert gpu_value(text, "gpu_xid_errors_total", 0) == 0
+    assert gpu_value(text, "gpu_xid_last_timestamp_seconds", 0) is None
     assert sample_value(text, "inferwatch_exporter_xid_watched_gpus") == 2
 
 

@@ -27,13 +27,13 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.support import free_port, wait_for_http
+from tests.support import free_port, parse_samples, sample_value, wait_for_http
 from tests.support.processes import INFERWATCH, Process, spawn
 from tests.support.servemodel import write_serve_model
 from tests.support.services import wait_until
 from tests.unit.exporter.certs import bcrypt_hash
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 
 TRANSFORMERS = str(Path(sys.executable).with_name("transformers"))
 USER, PASSWORD = "ops", "profile-secret"
@@ -137,7 +137,46 @@ def test_unauthenticated_requests_are_refused(server: Server) -> None:
     assert post(f"{server.base}/debug/profile?steps=2", authorization("wrong")) == 401
 
 
+def serve_integration(server: Server) -> str:
+    """The transformers serve integration the endpoint says it uses (its serve integration info series)."""
+    request = urllib.request.Request(f"{server.base}/metrics", headers=authorization())
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = answer.read().decode()
+    (found,) = {
+        s.labels["integration"]
+        for s in parse_samples(body)
+        if s.name == "inferwatch_run_serve_integration_info"
+    }
+    return found
+
+
+def engines(server: Server) -> float | None:
+    request = urllib.request.Request(f"{server.base}/metrics", headers=authorization())
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return sample_value(answer.read().decode(), "inferwatch_run_processes", role="engine")
+
+
+def test_a_capture_in_a_process_without_the_model_is_refused_at_once(server: Server) -> None:
+    # transformers serve 5.25 runs the model in an engine process: the endpoint's process has none, and a
+    # capture there would wait out its seconds for a forward that never comes. It says so at once.
+    if serve_integration(server) != "engine":
+        pytest.skip("the model runs in the endpoint's process (transformers serve before 5.25)")
+    wait_until(lambda: engines(server) == 1, 30, "the engine process on the endpoint")
+    request = urllib.request.Request(
+        f"{server.base}/debug/profile?steps=2", headers=authorization(), method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 501
+    message = json.loads(refused.value.read())["error"]
+    assert "this process runs no model" in message and "engine process" in message, message
+
+
 def test_a_capture_while_the_client_streams(server: Server, tmp_path: Path) -> None:
+    if serve_integration(server) == "engine":
+        pytest.skip(
+            "transformers serve 5.25 runs the model in an engine process: profiles are not taken there"
+        )
     # The first request loads nothing more (the model is forced) but warms the server's paths up.
     warm: list[float] = []
     stream(server, 8, warm)
