@@ -7,8 +7,8 @@ from 5.25: an engine process, and the API in the parent or in ``--api-server-cou
 * the process that serves the endpoint (the program's first, the **owner**) opens a :class:`ProgramHub`
   on a local socket whose address its descendants inherit (:data:`HUB_ENV`); the endpoint collects a
   :class:`ProgramCollector`, which is the owner's registry merged with its peers' collections;
-* a descendant **joins** (:func:`join_program`) once it has something to report: the first model it
-  instruments (role ``engine``), or the HTTP edge it serves (role ``api``). One daemon thread there
+* a descendant **joins** (:func:`join_program`) once it has something to report: the first generating
+  model it builds (role ``engine``), or the HTTP edge it serves (role ``api``). One daemon thread there
   answers the hub's collection requests with the process's registry (prometheus_client's default
   collectors of the process itself left out), so a peer costs its program one collection per endpoint
   collection, within the endpoint's budgets;
