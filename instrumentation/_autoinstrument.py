@@ -306,7 +306,6 @@ def instrument_model(model: Any) -> InstrumentationHandle | None:
         from inferwatch.instrumentation import InstrumentConfig, instrument
 
         handle = instrument(model, model_name=_settings.model_name, config=InstrumentConfig.from_env())
-        join_program("engine")
         with _exit_hook_lock:
             if _settings.multiprocess_dir and not _exit_hook_registered:
                 atexit.register(_forget_live_gauges)
