@@ -252,7 +252,7 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
     """The torch device and dtype of ``--device``/``--dtype``; ConfigError when unusable here."""
     import torch
-    from inferwatch.instrumentation.models import default_device
+    from inferwatch.instrumentation.demo.models import default_device
 
     try:
         torch_device = torch.device(default_device() if device == "auto" else device)
@@ -267,7 +267,7 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[Any, Any]:
 
 def load_for_benchmark(spec: str, device: Any, dtype: Any, *, seed: int = 0) -> Any:
     """A built-in or locally saved model on ``device`` in ``dtype``; ConfigError for an unknown spec."""
-    from inferwatch.instrumentation.models import UnknownModelError, load_model
+    from inferwatch.instrumentation.demo.models import UnknownModelError, load_model
 
     try:
         return load_model(spec, device=str(device), dtype=dtype, seed=seed)

@@ -55,7 +55,7 @@ class Perplexity:
 def perplexity(model: Any, texts: tuple[tuple[str, str], ...], max_tokens: int) -> Perplexity:
     """Teacher-forced perplexity of ``model`` on ``texts`` (each truncated to ``max_tokens`` tokens)."""
     import torch
-    from inferwatch.instrumentation.models import encode_text
+    from inferwatch.instrumentation.demo.models import encode_text
 
     device = next(model.parameters()).device
     nll_sums: dict[str, float] = {}

@@ -23,9 +23,12 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help). Order is the order of `inferwatch --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("inferwatch.instrumentation.demo", "serve a small built-in model, instrumented, on localhost"),
+    "demo": (
+        "inferwatch.instrumentation.demo.command",
+        "serve a small built-in model, instrumented, on localhost",
+    ),
     "run": (
-        "inferwatch.instrumentation.launcher",
+        "inferwatch.instrumentation.launcher.command",
         "run a program with every transformers model instrumented",
     ),
     "top": ("inferwatch.monitor.top", "live terminal view of inferwatch endpoints"),

@@ -1,7 +1,7 @@
 """The metric names alerts, dashboards and the monitor read: one vocabulary, written once.
 
 The metrics themselves are defined where they are produced: ``llm_*`` in
-``inferwatch.instrumentation.catalogue`` and the exporter's families next to the collector that fills
+``inferwatch.instrumentation.metrics.catalogue`` and the exporter's families next to the collector that fills
 each. Those are not what the readers import: the exporter's collector modules pull in psutil and the
 NVML binding, which the ``monitor``, ``alerts`` and ``dashboards`` extras do not install; ``up`` and
 ``process_*`` belong to Prometheus and prometheus_client and are in neither catalogue; and this module
@@ -12,7 +12,7 @@ keeps equal to what the exporter exposes), and that alerts, dashboards and the m
 name themselves.
 """
 
-# --- instrumented serving processes (inferwatch.instrumentation.catalogue) ----------------------------
+# --- instrumented serving processes (inferwatch.instrumentation.metrics.catalogue) -----------------------
 LLM_TIME_TO_FIRST_TOKEN_SECONDS = "llm_time_to_first_token_seconds"
 LLM_INTER_TOKEN_LATENCY_SECONDS = "llm_inter_token_latency_seconds"
 LLM_REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS = "llm_request_time_per_output_token_seconds"

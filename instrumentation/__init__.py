@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inferwatch.instrumentation.config import InstrumentConfig
-    from inferwatch.instrumentation.hooks import InstrumentationHandle, instrument
+    from inferwatch.instrumentation.instrumenting import InstrumentationHandle, instrument
     from inferwatch.instrumentation.tracking import RequestTracker, track_request
 
 _EXPORTS = {
     "InstrumentConfig": "inferwatch.instrumentation.config",
-    "InstrumentationHandle": "inferwatch.instrumentation.hooks",
-    "instrument": "inferwatch.instrumentation.hooks",
+    "InstrumentationHandle": "inferwatch.instrumentation.instrumenting",
+    "instrument": "inferwatch.instrumentation.instrumenting",
     "RequestTracker": "inferwatch.instrumentation.tracking",
     "track_request": "inferwatch.instrumentation.tracking",
 }

@@ -19,15 +19,15 @@ import math
 from types import TracebackType
 
 import torch
-from inferwatch.instrumentation.arrival import ARRIVAL
-from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.clock import Known, clock_for
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.hardware import device_label
-from inferwatch.instrumentation.outcomes import failure_status
-from inferwatch.instrumentation.request import CURRENT_REQUEST, Request
-from inferwatch.instrumentation.series import STATUSES, series_for
-from inferwatch.instrumentation.tokens import LiveTokens
+from inferwatch.instrumentation.device.hardware import device_label
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import STATUSES, series_for
+from inferwatch.instrumentation.timing.arrival import ARRIVAL
+from inferwatch.instrumentation.timing.clock import Known, clock_for
+from inferwatch.instrumentation.timing.outcomes import failure_status
+from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request
+from inferwatch.instrumentation.timing.tokens import LiveTokens
 from prometheus_client import CollectorRegistry
 
 
@@ -133,7 +133,7 @@ def track_request(
     """Track one request of a hand-written decode loop; see the module documentation.
 
     ``arrival``: ``time.perf_counter()`` when the request reached the server (default: the arrival
-    opened by the middleware or :func:`~inferwatch.instrumentation.arrival.request_arrival`, if any);
+    opened by the middleware or :func:`~inferwatch.instrumentation.timing.arrival.request_arrival`, if any);
     TTFT and end-to-end latency are then measured from it and its queue time observed.
     ``max_new_tokens``: the token steps the loop may run, where it has a limit: a request that ran them
     all finished for ``length`` (``llm_requests_finished_total``), else for ``stop``.

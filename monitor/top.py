@@ -42,9 +42,10 @@ from rich.text import Text
 from .errors import ConfigError
 from .keys import terminal_keys
 
-# Where `inferwatch demo` / instrument() and `inferwatch-exporter` listen by default (a test keeps these in
-# step with inferwatch.instrumentation.exposition.DEFAULT_PORT and inferwatch.exporter.config.DEFAULT_PORT,
-# which this module must not import: the monitor runs without torch and without NVML).
+# Where `inferwatch demo` / instrument() and `inferwatch-exporter` listen by default (a test keeps these
+# in step with inferwatch.instrumentation.endpoint.server.DEFAULT_PORT and
+# inferwatch.exporter.config.DEFAULT_PORT, which this module must not import: the monitor runs without
+# torch and without NVML).
 SERVING_DEFAULT_URL = "http://127.0.0.1:8797/metrics"
 EXPORTER_DEFAULT_URL = "http://127.0.0.1:8798/metrics"
 # A GPU this close to its slowdown temperature is shown in red: clocks are about to drop.

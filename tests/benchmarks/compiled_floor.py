@@ -42,8 +42,8 @@ from bench_common import (
     write_json,
 )
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.clock import clock_for
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.timing.clock import clock_for
 from prometheus_client import CollectorRegistry
 
 VARIANTS = ("bare", "wrapper", "marks", "hooks", "inferwatch")

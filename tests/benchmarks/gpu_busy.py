@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, write_json
 from exporter_bench import exporter, get
 from inferwatch.instrumentation import InstrumentConfig, instrument
-from inferwatch.instrumentation.busy import BusyMeter
-from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.models import build_config
+from inferwatch.instrumentation.demo.models import build_config
+from inferwatch.instrumentation.device.busy import BusyMeter
+from inferwatch.instrumentation.endpoint.server import start_http_server
 from prometheus_client import CollectorRegistry
 
 TARGETS = {"eager_at_most": 0.3, "eager_within": 0.15, "gpu_bound_at_least": 0.7}

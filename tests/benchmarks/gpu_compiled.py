@@ -38,7 +38,7 @@ from bench_common import (
     write_json,
 )
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 
 

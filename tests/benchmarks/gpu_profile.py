@@ -42,9 +42,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, write_json
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.memory_evidence import MEMORY
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.endpoint.server import start_http_server
+from inferwatch.instrumentation.profiling.memory_evidence import MEMORY
 from inferwatch.monitor.profile import ProfileClient
 
 NEW_TOKENS = 128

@@ -34,11 +34,14 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import static_cache, timed_generate
-from inferwatch.instrumentation import batch_timeline, criteria, instrument, request
-from inferwatch.instrumentation.compiled import CompiledPath
-from inferwatch.instrumentation.forward_hooks import ForwardHooks
-from inferwatch.instrumentation.generate import GenerateWrapper
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.batching import timeline as batch_timeline
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.model import criteria
+from inferwatch.instrumentation.model.compiled import CompiledPath
+from inferwatch.instrumentation.model.forward import ForwardHooks
+from inferwatch.instrumentation.model.generate import GenerateWrapper
+from inferwatch.instrumentation.timing import request
 from prometheus_client import CollectorRegistry
 
 COMPILED_FORWARD = "compiled_forward"

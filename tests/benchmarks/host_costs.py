@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.clock import clock_for
-from inferwatch.instrumentation.models import build_model
-from inferwatch.instrumentation.observations import Observations, observe_many
-from inferwatch.instrumentation.request import (
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.metrics.observations import Observations, observe_many
+from inferwatch.instrumentation.timing.clock import clock_for
+from inferwatch.instrumentation.timing.request import (
     CURRENT_REQUEST,
     RUN_DRAIN_MARKS,
     TIMED_AROUND,

@@ -66,7 +66,7 @@ ENDPOINT = "exporter"
 _SERVING = """
 import sys, time
 from prometheus_client import Histogram
-from inferwatch.instrumentation.exposition import start_http_server
+from inferwatch.instrumentation.endpoint.server import start_http_server
 for i in range(60):
     Histogram(f"llm_bench_histogram_{i}", "A histogram.").observe(0.1)
 start_http_server(int(sys.argv[1]))

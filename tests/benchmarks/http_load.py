@@ -303,8 +303,8 @@ def serve_model(requests: Path, endpoints: list[str]) -> None:
     import psutil
     import torch
     from inferwatch.instrumentation import instrument
-    from inferwatch.instrumentation.exposition import start_http_server
-    from inferwatch.instrumentation.models import load_model
+    from inferwatch.instrumentation.demo.models import load_model
+    from inferwatch.instrumentation.endpoint.server import start_http_server
 
     torch.set_num_threads(1)  # the serving loop on one core, the load generator on the other
     pinned = _pin(SERVING_CPU)

@@ -8,7 +8,7 @@ response, find the first content, observe the response histograms.
 
 Each figure is the best of ``--repeat`` interleaved rounds of ``--requests`` requests, in µs per request.
 Run it with an earlier tree first on ``PYTHONPATH`` to compare versions (its middleware is what
-``inferwatch.instrumentation.middleware`` resolves to)::
+``inferwatch.instrumentation.edge.middleware`` resolves to)::
 
     python tests/benchmarks/middleware_cost.py [--requests 2000] [--chunks 64] [--repeat 7]
 """
@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from inferwatch.instrumentation import catalogue as cat
-from inferwatch.instrumentation.arrival import ARRIVAL
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.middleware import ArrivalMiddleware
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
+from inferwatch.instrumentation.metrics import catalogue as cat
+from inferwatch.instrumentation.metrics.model_series import series_for
+from inferwatch.instrumentation.timing.arrival import ARRIVAL
 from prometheus_client import CollectorRegistry
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}

@@ -60,7 +60,7 @@ def roles(root: int, api_port: int) -> dict[str, list[psutil.Process]]:
             listening = {c.laddr.port for c in child.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         except psutil.Error:
             continue
-        if "inferwatch.instrumentation.http_process" in line:
+        if "inferwatch.instrumentation.endpoint.helper_process" in line:
             helper.append(child)
         elif "spawn_main" in line and "resource_tracker" not in line:
             (api if api_port in listening else engine).append(child)

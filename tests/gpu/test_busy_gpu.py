@@ -31,7 +31,7 @@ SERVING = """
 import sys, time
 import pynvml, torch
 from inferwatch.instrumentation import InstrumentConfig, instrument
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 
 registry = CollectorRegistry()
@@ -89,7 +89,7 @@ def test_a_serving_process_in_its_own_pid_namespace_beside_a_busy_one() -> None:
 
 def test_nvml_switched_off_says_so() -> None:
     from inferwatch.instrumentation import InstrumentConfig, instrument
-    from inferwatch.instrumentation.models import build_model
+    from inferwatch.instrumentation.demo.models import build_model
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry()

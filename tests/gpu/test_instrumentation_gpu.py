@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig, instrument, track_request
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support import sample_value

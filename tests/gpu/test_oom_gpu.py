@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.endpoint.server import start_http_server
 from prometheus_client import CollectorRegistry
 
 from tests.support import http_get, sample_value

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
-from inferwatch.instrumentation.exposition import start_http_server
+from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.monitor import checklist
 from prometheus_client import CollectorRegistry, Counter, Gauge
 

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.hardware import DeviceIdentity
+from inferwatch.instrumentation.device.hardware import DeviceIdentity
+from inferwatch.instrumentation.endpoint.server import start_http_server
+from inferwatch.instrumentation.metrics import catalogue as cat
 from prometheus_client import CollectorRegistry
 
 from tests.support.fake_nvml import gpu_uuid

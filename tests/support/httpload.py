@@ -41,7 +41,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 #: The instrumentation endpoint's header with the age of the collection an answer was encoded from
-#: (inferwatch.instrumentation.endpoint_app.AGE_HEADER), lower-case as :func:`exchange` reads headers.
+#: (inferwatch.instrumentation.endpoint.app.AGE_HEADER), lower-case as :func:`exchange` reads headers.
 COLLECTION_AGE = "inferwatch-collection-age"
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
 from prometheus_client import CollectorRegistry
 
 

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentationHandle, InstrumentConfig, instrument
-from inferwatch.instrumentation import catalogue as cat
-from inferwatch.instrumentation.exposition import start_http_server
-from inferwatch.instrumentation.middleware import ArrivalMiddleware
-from inferwatch.instrumentation.models import build_model, encode_text
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
+from inferwatch.instrumentation.endpoint.server import start_http_server
+from inferwatch.instrumentation.metrics import catalogue as cat
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import GenerationConfig

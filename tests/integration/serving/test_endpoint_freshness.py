@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.endpoint_app import AGE_HEADER, MAX_AGE
-from inferwatch.instrumentation.exposition import MetricsServer, start_http_server
-from inferwatch.instrumentation.models import build_model, encode_text
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.endpoint.app import AGE_HEADER, MAX_AGE
+from inferwatch.instrumentation.endpoint.server import MetricsServer, start_http_server
 from prometheus_client import CollectorRegistry, Counter
 from transformers.generation.streamers import BaseStreamer
 

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from flask import Flask, Response, abort
 from flask import request as flask_request
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from openai import OpenAI
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool

@@ -29,8 +29,8 @@ import pytest
 import requests
 import torch
 from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
-from inferwatch.instrumentation.models import build_model, encode_text
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from inferwatch.instrumentation.exposition import (
+from inferwatch.instrumentation.endpoint.server import (
     MULTIPROC_DIR_ENV,
     mark_process_dead,
     multiprocess_registry,
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 WORKER = """
 import sys, torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 
 model = build_model("tiny-llama")
 handle = instrument(model, model_name="pooled")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from inferwatch.bench.bench import prompt_ids
 from inferwatch.cli import main as cli_main
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -11,7 +11,7 @@ import pytest
 from inferwatch.bench.compare import perplexity, perturb_weights
 from inferwatch.bench.texts import EVALUATION_TEXTS
 from inferwatch.cli import main as cli_main
-from inferwatch.instrumentation.models import build_model, encode_text
+from inferwatch.instrumentation.demo.models import build_model, encode_text
 
 FAST = ("--prompt-lens", "6,24", "--max-new-tokens", "4", "--repeats", "3", "--warmup", "1")
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from inferwatch.common import names
-from inferwatch.instrumentation.catalogue import CATALOGUE
+from inferwatch.instrumentation.metrics.catalogue import CATALOGUE
 
 from tests.support import REPO_ROOT, documented_metrics
 
@@ -35,7 +35,7 @@ def test_each_name_is_a_metric_of_the_instrumentation_or_the_exporter() -> None:
     exporter = set(documented_metrics("Exporter"))
     for key, value in _names().items():
         if value.startswith("llm_"):
-            assert value in instrumentation, f"{key}: not in inferwatch.instrumentation.catalogue"
+            assert value in instrumentation, f"{key}: not in inferwatch.instrumentation.metrics.catalogue"
         else:
             assert value in exporter | PROMETHEUS_SERIES, f"{key}: not in docs/metrics.md's exporter section"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from inferwatch.exporter.config import ENV_PREFIX, OPTIONS, ExporterConfig, parse_config
-from inferwatch.instrumentation import demo
+from inferwatch.instrumentation.demo import command as demo
 
 from tests.unit.deploy.support import DOCKER_DIR, VARIANTS, compose_config, parse_dockerfile
 

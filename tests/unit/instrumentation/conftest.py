@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.models import PAD_TOKEN_ID, build_model, encode_text
+from inferwatch.instrumentation.demo.models import PAD_TOKEN_ID, build_model, encode_text
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support import sample_value

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.models import build_model, encode_text
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
 from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig

@@ -16,12 +16,13 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 import torch
-from inferwatch.instrumentation import InstrumentConfig, busy
-from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.hardware import DeviceIdentity
-from inferwatch.instrumentation.nvml import NvmlPoller
-from inferwatch.instrumentation.pollers import ModelPoller
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation import InstrumentConfig
+from inferwatch.instrumentation.device import busy
+from inferwatch.instrumentation.device.hardware import DeviceIdentity
+from inferwatch.instrumentation.device.nvml_poller import NvmlPoller
+from inferwatch.instrumentation.device.pollers import ModelPoller
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
 
 from tests.unit.instrumentation.conftest import metric, scrape
 

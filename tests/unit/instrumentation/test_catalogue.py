@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from inferwatch.instrumentation import InstrumentConfig
-from inferwatch.instrumentation.catalogue import CATALOGUE, metrics_for
-from inferwatch.instrumentation.errors import STAGES
+from inferwatch.instrumentation.metrics.catalogue import CATALOGUE, metrics_for
+from inferwatch.instrumentation.metrics.containment import STAGES
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import Gauge
 

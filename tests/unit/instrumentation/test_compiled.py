@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument, request
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.timing import request
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig

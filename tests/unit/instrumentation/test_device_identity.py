@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inferwatch.instrumentation.hardware import DeviceIdentity, driver_gpu_uuid, gpu_identity
+from inferwatch.instrumentation.device.hardware import DeviceIdentity, driver_gpu_uuid, gpu_identity
 
 from tests.unit.instrumentation.conftest import metric, scrape
 

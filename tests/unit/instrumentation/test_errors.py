@@ -6,8 +6,8 @@ import traceback
 
 import pytest
 import torch
-from inferwatch.instrumentation.request import DRAIN_BATCH
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.metrics.model_series import series_for
+from inferwatch.instrumentation.timing.request import DRAIN_BATCH
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inferwatch.instrumentation.models import EOS_TOKEN_ID, PAD_TOKEN_ID
+from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, PAD_TOKEN_ID
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inferwatch.instrumentation.kvcache import measure, output_cache
+from inferwatch.instrumentation.model.kvcache import measure, output_cache
 from transformers import StaticCache
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import ALL_CACHE_NAMES

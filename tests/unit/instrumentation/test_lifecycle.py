@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentConfig, instrument
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 
 from tests.unit.instrumentation.conftest import batch_of, metric

@@ -14,8 +14,9 @@ import time
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument, request, track_request
-from inferwatch.instrumentation.models import EOS_TOKEN_ID, build_model, encode_text
+from inferwatch.instrumentation import instrument, track_request
+from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, build_model, encode_text
+from inferwatch.instrumentation.timing import request
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from inferwatch.instrumentation.observations import Observations, observe_many, observe_repeated
+from inferwatch.instrumentation.metrics.observations import Observations, observe_many, observe_repeated
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.catalogue import metrics_for
-from inferwatch.instrumentation.models import build_model, encode_text
-from inferwatch.instrumentation.series import series_for
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig

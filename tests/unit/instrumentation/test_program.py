@@ -6,7 +6,7 @@ import contextlib
 import socket
 
 from inferwatch.common.frames import frame
-from inferwatch.instrumentation.program import (
+from inferwatch.instrumentation.endpoint.program import (
     ProgramCollector,
     ProgramHub,
     _PeerAgent,

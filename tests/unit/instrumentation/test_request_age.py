@@ -16,14 +16,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from inferwatch.instrumentation import catalogue as cat
 from inferwatch.instrumentation import instrument, track_request
-from inferwatch.instrumentation.batch_timeline import BatchTimeline
-from inferwatch.instrumentation.catalogue import metrics_for
+from inferwatch.instrumentation.batching.timeline import BatchTimeline
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.models import build_model, encode_text
-from inferwatch.instrumentation.request import Request
-from inferwatch.instrumentation.series import ModelSeries, forget_series, series_for
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.metrics import catalogue as cat
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import ModelSeries, forget_series, series_for
+from inferwatch.instrumentation.timing.request import Request
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 

@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 import pytest
-from inferwatch.instrumentation.arrival import ARRIVAL, Arrival
-from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.middleware import ArrivalMiddleware
-from inferwatch.instrumentation.response import ResponseWatch
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
+from inferwatch.instrumentation.edge.response import ResponseWatch
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.timing.arrival import ARRIVAL, Arrival
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support import sample_value

@@ -8,7 +8,7 @@ import types
 
 import pytest
 import transformers
-from inferwatch.instrumentation import transformers_serve
+from inferwatch.instrumentation.launcher import transformers_serve
 from prometheus_client import REGISTRY
 
 from tests.support import sample_value

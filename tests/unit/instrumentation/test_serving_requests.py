@@ -12,8 +12,8 @@ import weakref
 import pytest
 import torch
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.arrival import propagate_to_threads, request_arrival
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.timing.arrival import propagate_to_threads, request_arrival
 from inferwatch.instrumentation.tracking import track_request
 from transformers import StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer

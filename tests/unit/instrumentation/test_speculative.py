@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from inferwatch.instrumentation import speculative
-from inferwatch.instrumentation.models import encode_text
+from inferwatch.instrumentation.demo.models import encode_text
+from inferwatch.instrumentation.model import speculative
 from transformers.generation.candidate_generator import (
     AssistedCandidateGenerator,
     PromptLookupCandidateGenerator,

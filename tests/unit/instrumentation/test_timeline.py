@@ -4,11 +4,11 @@ placed them (one step at a time, or a compiled run's steps together)."""
 from __future__ import annotations
 
 import pytest
-from inferwatch.instrumentation.catalogue import metrics_for
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.observations import Observations
-from inferwatch.instrumentation.series import series_for
-from inferwatch.instrumentation.timeline import TokenTimeline
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
+from inferwatch.instrumentation.metrics.observations import Observations
+from inferwatch.instrumentation.timing.timeline import TokenTimeline
 from prometheus_client import CollectorRegistry
 
 

@@ -274,7 +274,7 @@ def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str])
 
 def test_default_urls_follow_the_default_ports() -> None:
     from inferwatch.exporter.config import DEFAULT_PORT as EXPORTER_PORT
-    from inferwatch.instrumentation.exposition import DEFAULT_PORT as SERVING_PORT
+    from inferwatch.instrumentation.endpoint.server import DEFAULT_PORT as SERVING_PORT
 
     assert f"http://127.0.0.1:{SERVING_PORT}/metrics" == top.SERVING_DEFAULT_URL
     assert f"http://127.0.0.1:{EXPORTER_PORT}/metrics" == top.EXPORTER_DEFAULT_URL

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 from inferwatch.cli import main as inferwatch
-from inferwatch.instrumentation.demo import RequestStream
-from inferwatch.instrumentation.demo_summary import histogram_quantile
+from inferwatch.instrumentation.demo.command import RequestStream
+from inferwatch.instrumentation.demo.summary import histogram_quantile
 
 
 @pytest.mark.parametrize(

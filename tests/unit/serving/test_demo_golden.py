@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from inferwatch.instrumentation import instrument, track_request
-from inferwatch.instrumentation.demo import RequestStream, _Generation
-from inferwatch.instrumentation.models import build_model
+from inferwatch.instrumentation.demo.command import RequestStream, _Generation
+from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 

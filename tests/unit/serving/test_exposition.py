@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psutil
 import pytest
-from inferwatch.instrumentation.endpoint_app import (
+from inferwatch.instrumentation.endpoint.app import (
     AGE_HEADER,
     CPU_BURST,
     CPU_SHARE,
@@ -28,7 +28,7 @@ from inferwatch.instrumentation.endpoint_app import (
     _EndpointApp,
     _Renderer,
 )
-from inferwatch.instrumentation.exposition import (
+from inferwatch.instrumentation.endpoint.server import (
     HTTP_PROCESS_ENV,
     THREAD_NAME,
     PortInUseError,
@@ -245,7 +245,7 @@ def test_scrapes_within_the_budget_are_always_fresh(registry: CollectorRegistry)
 
 
 def _helper() -> psutil.Process:
-    """This process's endpoint helper process (:mod:`inferwatch.instrumentation.http_process`)."""
+    """This process's endpoint helper process (:mod:`inferwatch.instrumentation.endpoint.helper_process`)."""
     (helper,) = [p for p in psutil.Process().children() if p.name() == THREAD_NAME]
     return helper
 

@@ -15,9 +15,9 @@ import urllib.request
 
 import psutil
 import pytest
-from inferwatch.instrumentation.exposition import THREAD_NAME, start_http_server
-from inferwatch.instrumentation.http_process import PING_INTERVAL, PING_TIMEOUT
-from inferwatch.instrumentation.profiling_http import MAX_BODY_BYTES
+from inferwatch.instrumentation.endpoint.helper_process import PING_INTERVAL, PING_TIMEOUT
+from inferwatch.instrumentation.endpoint.server import THREAD_NAME, start_http_server
+from inferwatch.instrumentation.profiling.http import MAX_BODY_BYTES
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.support import http_get, sample_value
@@ -29,7 +29,7 @@ _SERVING = textwrap.dedent(
     import sys, time
     import torch  # the serving process has it loaded; its helper must not
     from prometheus_client import Counter
-    from inferwatch.instrumentation.exposition import start_http_server
+    from inferwatch.instrumentation.endpoint.server import start_http_server
     Counter("llm_child_events", "Events of the serving process.").inc(7)
     server = start_http_server(0)
     print(server.port, flush=True)

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 from inferwatch.exporter.config import DEFAULT_PORT as EXPORTER_PORT
-from inferwatch.instrumentation.exposition import DEFAULT_PORT as SERVING_PORT
-from inferwatch.instrumentation.exposition import ListenError, PortInUseError
-from inferwatch.instrumentation.launcher import check_port_free, with_flag_hint
+from inferwatch.instrumentation.endpoint.server import DEFAULT_PORT as SERVING_PORT
+from inferwatch.instrumentation.endpoint.server import ListenError, PortInUseError
+from inferwatch.instrumentation.launcher.command import check_port_free, with_flag_hint
 
 # The defaults of what runs beside inferwatch: vLLM, Triton, `transformers serve`, uvicorn/FastAPI (8000),
 # Triton's gRPC (8001), TGI, llama.cpp and TorchServe (8080), Grafana (3000), SGLang (30000), Prometheus

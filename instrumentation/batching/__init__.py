@@ -1,0 +1,3 @@
+"""Continuous batching: transformers' ContinuousBatchingManager measured request by request and step by step,
+with its paged KV cache.
+"""

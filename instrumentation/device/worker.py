@@ -1,0 +1,161 @@
+"""Background threads: finish deferred observations and poll what is too slow for the hot path.
+
+A :class:`Worker` is a daemon thread with two jobs:
+
+* *pending items* (requests or forwards whose CUDA events had not completed when the serving thread
+  last looked): re-checked every :data:`RESOLVE_PERIOD_SECONDS` with non-blocking queries;
+* *pollers* (allocator memory, KV headroom, busy ratio, NVML): each called every ``interval`` seconds.
+  Pollers are reference-counted by key, so two models on one device share one device poller.
+
+The thread starts on demand and exits when it has nothing left to do. NVML gets its own worker, so a
+hung NVML call can only make NVML readings stale. After ``fork()`` the child starts its own threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from inferwatch.instrumentation.metrics.containment import ErrorReporter, logger
+
+RESOLVE_PERIOD_SECONDS = 0.002
+
+
+class PendingItem(Protocol):
+    """Observations waiting for the device: requests, forwards, a continuous-batching timeline."""
+
+    def resolve(self) -> bool:
+        """Make the observations whose marks are complete; True once nothing is left."""
+        ...
+
+    def expired(self) -> bool: ...
+
+
+class Poller(Protocol):
+    interval: float
+
+    def poll(self) -> None: ...
+
+
+class _Registration:
+    __slots__ = ("due", "poller", "refs")
+
+    def __init__(self, poller: Poller) -> None:
+        self.poller = poller
+        self.refs = 0
+        self.due = time.monotonic()
+
+
+class Worker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: list[tuple[PendingItem, ErrorReporter]] = []
+        self._pollers: dict[Hashable, _Registration] = {}
+        self._thread: threading.Thread | None = None
+
+    # -- API -------------------------------------------------------------------------------------------
+
+    def acquire(self, key: Hashable, factory: Callable[[], Poller]) -> Poller:
+        """Poll ``factory()`` (created once per key) until a matching :meth:`release`; the poller."""
+        with self._cond:
+            registration = self._pollers.get(key)
+            if registration is None:
+                registration = self._pollers[key] = _Registration(factory())
+            registration.refs += 1
+            self._ensure_thread()
+            self._cond.notify_all()
+            return registration.poller
+
+    def release(self, key: Hashable) -> None:
+        with self._cond:
+            registration = self._pollers.get(key)
+            if registration is not None:
+                registration.refs -= 1
+                if registration.refs <= 0:
+                    del self._pollers[key]
+
+    def defer(self, item: PendingItem, errors: ErrorReporter) -> None:
+        """Call ``item.resolve()`` until it returns True or the item expires (counted as an error)."""
+        with self._cond:
+            self._pending.append((item, errors))
+            self._ensure_thread()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until no item is pending; False if some still are after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, RESOLVE_PERIOD_SECONDS * 5))
+            return True
+
+    # -- the thread ------------------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending and not self._pollers:
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                next_due = min((r.due for r in self._pollers.values()), default=now + 3600.0)
+                wait = next_due - now
+                if self._pending:
+                    wait = min(wait, RESOLVE_PERIOD_SECONDS)
+                if wait > 0:
+                    self._cond.wait(wait)
+                pending = list(self._pending)
+                due = [r for r in self._pollers.values() if r.due <= time.monotonic()]
+            if pending:
+                done = [entry for entry in pending if self._settle(*entry)]
+                with self._cond:
+                    for entry in done:
+                        self._pending.remove(entry)
+                    self._cond.notify_all()
+            for registration in due:
+                registration.due = time.monotonic() + registration.poller.interval
+                try:
+                    registration.poller.poll()
+                except Exception:
+                    # Pollers count their own errors; this is the backstop that keeps the thread alive.
+                    logger.exception("inferwatch: poller %r failed", registration.poller)
+
+    def resolve_or_defer(self, item: PendingItem, errors: ErrorReporter) -> None:
+        """``item.resolve()`` now, in the caller's thread; what is left, on this worker."""
+        if not item.resolve():
+            self.defer(item, errors)
+
+    @staticmethod
+    def _settle(item: PendingItem, errors: ErrorReporter) -> bool:
+        try:
+            if item.resolve():
+                return True
+            if item.expired():
+                errors.report("resolve", TimeoutError(f"device marks of {item!r} never completed; dropped"))
+                return True
+            return False
+        except Exception as exc:
+            errors.report("resolve", exc)
+            return True
+
+
+#: Resolves deferred observations and polls torch state (allocator, headroom, utilization windows).
+BACKGROUND = Worker("inferwatch-background")
+#: Polls NVML, apart from everything else because a driver call can hang.
+NVML_WORKER = Worker("inferwatch-nvml")
