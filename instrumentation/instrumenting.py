@@ -1,17 +1,20 @@
 """``instrument(model)``: the parts that hook a transformers causal LM, put together and taken apart.
 
-* ``forward``: a pre-hook and a post-hook (:mod:`.forward_hooks`);
-* ``generate``: an instance attribute wrapping the original (:mod:`.generate`);
-* ``_get_stopping_criteria``: the criteria generate calls after sampling mark each token (:mod:`.criteria`);
-* ``get_compiled_call``: generate's compiled decode step, timed from around it (:mod:`.compiled`);
+* ``forward``: a pre-hook and a post-hook (:mod:`.model.forward`);
+* ``generate``: an instance attribute wrapping the original (:mod:`.model.generate`);
+* ``_get_stopping_criteria``: the criteria generate calls after sampling mark each token
+  (:mod:`.model.criteria`);
+* ``get_compiled_call``: generate's compiled decode step, timed from around it (:mod:`.model.compiled`);
 * ``_get_candidate_generator``: assisted generation's rounds, their draft and accepted tokens
-  (:mod:`.speculative`);
+  (:mod:`.model.speculative`);
 * ``init_continuous_batching``: the managers it returns, followed request by request and step by step
-  (:mod:`.batching`).
+  (:mod:`.batching.manager`).
 
-Each part gets the one :class:`~.instrumented.InstrumentedModel` and nothing of the others. What inferwatch
-keeps never keeps the model alive: the registry of handles is weak, the handle reaches the wrappers only
-weakly, and when the model is collected its live series go with it.
+Each part gets the one :class:`~.model.context.ModelContext` and nothing of the others; this module is
+where the process's workers and capture switch are handed to it. What inferwatch keeps never keeps the
+model alive: the registry of handles is weak, the handle reaches the wrappers only weakly, and when the
+model is collected its live series go with it (within :data:`COLLECTED_POLL_SECONDS`, on the background
+thread: the garbage collector's callback only queues it).
 
 Everything inferwatch does in these paths is inside ``try/except`` and reported to
 ``llm_instrumentation_errors_total``; the model's own behaviour and outputs are untouched.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import os
 import threading
 import weakref
@@ -29,12 +33,12 @@ from typing import Any
 import torch
 from inferwatch.instrumentation.batching.manager import BatchingHooks
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.device.worker import BACKGROUND
+from inferwatch.instrumentation.device.worker import BACKGROUND, NVML_WORKER
 from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import forget_series
 from inferwatch.instrumentation.model.compiled import CompiledPath
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.criteria import (
     generates_like_transformers,
     token_marking_criteria,
@@ -44,10 +48,13 @@ from inferwatch.instrumentation.model.forward import ForwardHooks
 from inferwatch.instrumentation.model.generate import GenerateWrapper
 from inferwatch.instrumentation.model.speculative import wrap_candidate_generator
 from inferwatch.instrumentation.model.wrapping import unwrap_method, wrap_method
+from inferwatch.instrumentation.profiling.captures import CAPTURES
 from inferwatch.instrumentation.timing.arrival import Arrival
 from prometheus_client import CollectorRegistry
 
 MAX_MODEL_LABEL_LENGTH = 128
+#: How often the background thread drops the series of models the garbage collector took.
+COLLECTED_POLL_SECONDS = 0.5
 
 
 def name_or_path_label(name_or_path: str) -> str:
@@ -83,12 +90,20 @@ def _check_model(model: Any) -> None:
         )
 
 
-class ModelInstrumentation:
+class ModelHooks:
     """The instrumentation of one model: its parts, installed on it and removed from it. Created and
     installed by :func:`instrument`."""
 
     def __init__(self, module: torch.nn.Module, name: str, config: InstrumentConfig, metrics: cat.Metrics):
-        self.model = InstrumentedModel(module, name, config, metrics)
+        self.model = ModelContext(
+            module,
+            name,
+            config,
+            metrics,
+            background=BACKGROUND.lane(),
+            nvml_worker=NVML_WORKER,
+            captures=CAPTURES,
+        )
         self.forward_hooks = ForwardHooks(self.model)
         self.compiled = CompiledPath(self.model, self.forward_hooks)
         self.generate = GenerateWrapper(self.model, self.compiled)
@@ -110,9 +125,10 @@ class ModelInstrumentation:
         if hasattr(module, "init_continuous_batching"):
             self._wrap(module, "init_continuous_batching", self.batching.wrap_init)
         metrics = model.metrics
-        metrics.live_models[model.name] = metrics.live_models.get(model.name, 0) + 1
+        with metrics.lock:
+            metrics.live_models[model.name] = metrics.live_models.get(model.name, 0) + 1
         weakref.finalize(module, _GONE.append, self).atexit = False
-        _watch_registry(metrics)
+        BACKGROUND.acquire(CollectedModels.KEY, CollectedModels)
         model.publish()
         model.active = True
 
@@ -148,11 +164,12 @@ class ModelInstrumentation:
             self.remove()
             metrics, name = model.metrics, model.name
             with _instrumented_lock:
-                left = metrics.live_models.get(name, 1) - 1
-                if left > 0:
-                    metrics.live_models[name] = left
-                    return
-                metrics.live_models.pop(name, None)
+                with metrics.lock:
+                    left = metrics.live_models.get(name, 1) - 1
+                    if left > 0:
+                        metrics.live_models[name] = left
+                        return
+                    metrics.live_models.pop(name, None)
                 forget_series(metrics, name, [device.labels for device in model.devices])
         except Exception as exc:  # runs from the garbage collector: nothing may escape
             model.errors.report("collect", exc)
@@ -161,7 +178,7 @@ class ModelInstrumentation:
 class InstrumentationHandle:
     """What :func:`instrument` returns: metadata about the instrumentation and the way to remove it."""
 
-    def __init__(self, instrumentation: ModelInstrumentation, registry: CollectorRegistry | None) -> None:
+    def __init__(self, instrumentation: ModelHooks, registry: CollectorRegistry | None) -> None:
         self._instrumentation = instrumentation
         self.registry = registry
         self.model_name = instrumentation.model.name
@@ -191,9 +208,10 @@ class InstrumentationHandle:
                 del _instrumented[model]
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until observations deferred to the background (requests whose device work was still in
-        flight at exit) are made; False if some are still pending after ``timeout`` seconds."""
-        return BACKGROUND.flush(timeout)
+        """Wait until this model's observations deferred to the background (requests whose device work
+        was still in flight at exit) are made; False if some are still pending after ``timeout`` seconds.
+        Other models' pending work is not waited for."""
+        return self._instrumentation.model.background.flush(timeout)
 
     def __repr__(self) -> str:
         state = "active" if self.active else "removed"
@@ -202,28 +220,35 @@ class InstrumentationHandle:
 
 #: Instrumentations whose model was collected. The finalizer only appends here: it runs inside the garbage
 #: collector, in whatever thread allocated, possibly while that thread holds one of inferwatch's locks;
-#: the series are dropped at the next scrape or instrument() instead.
-_GONE: collections.deque[ModelInstrumentation] = collections.deque()
+#: the series are dropped on the background thread (:class:`CollectedModels`) or at the next instrument().
+_GONE: collections.deque[ModelHooks] = collections.deque()
 
 
-def forget_collected_models() -> None:
-    """Drop the live series and pollers of instrumented models that were garbage-collected."""
-    while True:
+def forget_collected_models() -> int:
+    """Drop the live series and pollers of instrumented models that were garbage-collected; how many."""
+    for forgotten in itertools.count():
         try:
             instrumentation = _GONE.popleft()
         except IndexError:
-            return
+            return forgotten
         instrumentation.forget()
+        BACKGROUND.release(CollectedModels.KEY)
+    raise AssertionError("unreachable")
 
 
-def _watch_registry(metrics: cat.Metrics) -> None:
-    """Have every scrape of the registry forget collected models first."""
-    with _watch_lock:
-        if forget_collected_models not in metrics.before_scrape:
-            metrics.before_scrape.append(forget_collected_models)
+class CollectedModels:
+    """A background poller, held once per installed model (released when it is forgotten): forgets the
+    models the garbage collector took."""
+
+    KEY = ("collected models",)
+    interval = COLLECTED_POLL_SECONDS
+
+    def poll(self) -> None:
+        forget_collected_models()
 
 
-_watch_lock = threading.Lock()
+#: Serializes instrument() and forgetting a collected model (a model of the name being forgotten is not
+#: installed halfway), and guards :data:`_instrumented`.
 _instrumented: weakref.WeakKeyDictionary[torch.nn.Module, InstrumentationHandle] = weakref.WeakKeyDictionary()
 _instrumented_lock = threading.Lock()
 
@@ -259,7 +284,7 @@ def instrument(
         if handle is not None and handle.active:
             return handle
         metrics = metrics_for(registry, config)
-        instrumentation = ModelInstrumentation(model, model_name, config, metrics)
+        instrumentation = ModelHooks(model, model_name, config, metrics)
         instrumentation.install(model)
         handle = InstrumentationHandle(instrumentation, registry)
         _instrumented[model] = handle

@@ -21,6 +21,7 @@ from types import TracebackType
 import torch
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.device.hardware import device_label
+from inferwatch.instrumentation.device.worker import BACKGROUND
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import STATUSES, series_for
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
@@ -29,6 +30,10 @@ from inferwatch.instrumentation.timing.outcomes import failure_status
 from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request
 from inferwatch.instrumentation.timing.tokens import LiveTokens
 from prometheus_client import CollectorRegistry
+
+#: The background lane of every tracked request: what a tracked request's marks left unresolved at its
+#: end, they resolve there.
+TRACKED_REQUESTS = BACKGROUND.lane()
 
 
 class RequestTracker:
@@ -64,7 +69,12 @@ class RequestTracker:
         try:
             live = LiveTokens(Known([self._prompt_tokens]), 1, math.inf)
             request = Request(
-                self._series, self._clock, live=live, arrival=self._arrival, token_limit=self._max_new_tokens
+                self._series,
+                self._clock,
+                background=TRACKED_REQUESTS,
+                live=live,
+                arrival=self._arrival,
+                token_limit=self._max_new_tokens,
             )
             self._request = request
             open_arrival = ARRIVAL.get()

@@ -43,7 +43,7 @@ from typing import Any
 from inferwatch.instrumentation.batching.paged import PagedCacheView
 from inferwatch.instrumentation.batching.timeline import BatchTimeline
 from inferwatch.instrumentation.metrics.containment import ErrorReporter
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.wrapping import wrap_method
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
 
@@ -56,7 +56,7 @@ SUPPORTED_VERSIONS = ((5, 17), (5, 24))
 class BatchingHooks:
     """Attaches a model's :class:`BatchTimeline` to the managers its ``init_continuous_batching`` returns."""
 
-    def __init__(self, model: InstrumentedModel) -> None:
+    def __init__(self, model: ModelContext) -> None:
         self._model = model
         self.timeline = BatchTimeline(model)
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -16,11 +16,10 @@ import threading
 import time
 from typing import Any
 
-from inferwatch.instrumentation.device.worker import BACKGROUND
 from inferwatch.instrumentation.metrics.observations import Observations
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.timing.outcomes import failure_status
-from inferwatch.instrumentation.timing.request import RESOLVE_DEADLINE_SECONDS, call_timed_around
+from inferwatch.instrumentation.timing.request import RESOLVE_DEADLINE_SECONDS
 from inferwatch.instrumentation.timing.timeline import AnchorMapping, TokenTimeline
 
 #: A CUDA anchor maps later events onto the host clock through a float32 elapsed time: a fresh one every
@@ -116,7 +115,7 @@ class BatchTimeline:
     thread; resolution runs there or on the background thread. One lock guards the shared state.
     """
 
-    def __init__(self, model: InstrumentedModel) -> None:
+    def __init__(self, model: ModelContext) -> None:
         self._model = model
         self.series = model.series
         self.errors = model.errors
@@ -267,7 +266,7 @@ class BatchTimeline:
             except Exception as exc:
                 self.errors.report("batching", exc)
                 step = None
-        result = call_timed_around(compute, args, kwargs)
+        result = self._model.call_timed_around(compute, args, kwargs)
         if step is not None:
             try:
                 step.end_host = time.perf_counter()
@@ -298,7 +297,7 @@ class BatchTimeline:
         if not self.drain() and not self._deferred:
             self._deferred = True
             self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
-            BACKGROUND.defer(self, self.errors)
+            self._model.background.defer(self, self.errors)
 
     def resolve(self) -> bool:
         """The background thread's entry: True once nothing is pending."""

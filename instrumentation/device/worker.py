@@ -9,6 +9,12 @@ A :class:`Worker` is a daemon thread with two jobs:
 
 The thread starts on demand and exits when it has nothing left to do. NVML gets its own worker, so a
 hung NVML call can only make NVML readings stale. After ``fork()`` the child starts its own threads.
+
+The process has one thread of each kind, but nothing on the request path reaches them directly: each
+instrumented model is given a :class:`Lane` of the background worker (``ModelContext.background``), and
+its hooks and requests hand their pending items to that lane, so ``handle.flush()`` waits for its own
+model's items only. One lock, the worker's condition, guards the pending items, every lane's count and the
+pollers.
 """
 
 from __future__ import annotations
@@ -56,8 +62,11 @@ class Worker:
         os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
+        # In a forked child the parent's pending items are the parent's to resolve: their lanes start empty.
+        for _, _, lane in getattr(self, "_pending", ()):
+            lane.pending = 0
         self._cond = threading.Condition()
-        self._pending: list[tuple[PendingItem, ErrorReporter]] = []
+        self._pending: list[tuple[PendingItem, ErrorReporter, Lane]] = []
         self._pollers: dict[Hashable, _Registration] = {}
         self._thread: threading.Thread | None = None
 
@@ -82,18 +91,21 @@ class Worker:
                 if registration.refs <= 0:
                     del self._pollers[key]
 
-    def defer(self, item: PendingItem, errors: ErrorReporter) -> None:
-        """Call ``item.resolve()`` until it returns True or the item expires (counted as an error)."""
+    def lane(self) -> Lane:
+        """A new lane of this worker: the pending items of one model (or of tracked requests)."""
+        return Lane(self)
+
+    def _defer(self, item: PendingItem, errors: ErrorReporter, lane: Lane) -> None:
         with self._cond:
-            self._pending.append((item, errors))
+            self._pending.append((item, errors, lane))
+            lane.pending += 1
             self._ensure_thread()
             self._cond.notify_all()
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until no item is pending; False if some still are after ``timeout`` seconds."""
+    def _flush(self, lane: Lane, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending:
+            while lane.pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -123,10 +135,11 @@ class Worker:
                 pending = list(self._pending)
                 due = [r for r in self._pollers.values() if r.due <= time.monotonic()]
             if pending:
-                done = [entry for entry in pending if self._settle(*entry)]
+                done = [entry for entry in pending if self._settle(entry[0], entry[1])]
                 with self._cond:
                     for entry in done:
                         self._pending.remove(entry)
+                        entry[2].pending -= 1
                     self._cond.notify_all()
             for registration in due:
                 registration.due = time.monotonic() + registration.poller.interval
@@ -135,11 +148,6 @@ class Worker:
                 except Exception:
                     # Pollers count their own errors; this is the backstop that keeps the thread alive.
                     logger.exception("inferwatch: poller %r failed", registration.poller)
-
-    def resolve_or_defer(self, item: PendingItem, errors: ErrorReporter) -> None:
-        """``item.resolve()`` now, in the caller's thread; what is left, on this worker."""
-        if not item.resolve():
-            self.defer(item, errors)
 
     @staticmethod
     def _settle(item: PendingItem, errors: ErrorReporter) -> bool:
@@ -153,6 +161,31 @@ class Worker:
         except Exception as exc:
             errors.report("resolve", exc)
             return True
+
+
+class Lane:
+    """One model's share of a :class:`Worker`'s pending items: what it defers, and a flush that waits for
+    those alone. Its count is guarded by the worker's lock."""
+
+    __slots__ = ("pending", "worker")
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.pending = 0
+
+    def defer(self, item: PendingItem, errors: ErrorReporter) -> None:
+        """Call ``item.resolve()`` on the worker until it returns True or the item expires (counted as an
+        error)."""
+        self.worker._defer(item, errors, self)
+
+    def resolve_or_defer(self, item: PendingItem, errors: ErrorReporter) -> None:
+        """``item.resolve()`` now, in the caller's thread; what is left, on the worker."""
+        if not item.resolve():
+            self.worker._defer(item, errors, self)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until none of this lane's items is pending; False if some still are after ``timeout``."""
+        return self.worker._flush(self, timeout)
 
 
 #: Resolves deferred observations and polls torch state (allocator, headroom, utilization windows).

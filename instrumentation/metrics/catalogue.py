@@ -309,32 +309,34 @@ def _bucket_config(config: InstrumentConfig) -> dict[str, tuple[float, ...]]:
     return {spec.buckets: getattr(config, spec.buckets) for spec in CATALOGUE if spec.buckets}
 
 
-class _BeforeScrape:
-    """Registered ahead of the families: runs housekeeping that must be done before a scrape reads them
-    (prometheus_client collects in registration order). Yields nothing."""
+class RunningAges:
+    """Registered ahead of the families (prometheus_client collects in registration order): sets every
+    model's oldest running request's age as of this scrape, a value that exists only when read. It changes
+    that one gauge and nothing else: a scrape has no side effect on models. Yields nothing itself."""
 
-    def __init__(self, callbacks: list[Callable[[], None]]) -> None:
-        self._callbacks = callbacks
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        self._refresh = refresh
 
     def describe(self) -> list:
         return []
 
     def collect(self) -> list:
-        for callback in list(self._callbacks):
-            callback()
+        self._refresh()
         return []
 
 
 class Metrics:
-    """The catalogue's collectors on one registry. Use :func:`metrics_for` to get the shared instance."""
+    """The catalogue's collectors on one registry. Use :func:`metrics_for` to get the shared instance.
+
+    Its two maps change together under :attr:`lock` (their readers on the hot path and at scrapes take a
+    snapshot of the dict and do not lock); the families have prometheus_client's own locks."""
 
     def __init__(self, registry: CollectorRegistry, config: InstrumentConfig) -> None:
         self.registry = registry
         self.buckets = _bucket_config(config)
-        #: Called at the start of every scrape of the registry, before any family is read.
-        self.before_scrape: list[Callable[[], None]] = []
-        registry.register(_BeforeScrape(self.before_scrape))
-        self.before_scrape.append(self._refresh_running_ages)
+        #: Guards :attr:`model_series` and :attr:`live_models`.
+        self.lock = threading.Lock()
+        registry.register(RunningAges(self._refresh_running_ages))
         self._families: dict[str, MetricWrapperBase] = {}
         for spec in CATALOGUE:
             self._families[spec.name] = self._create(spec)

@@ -315,14 +315,12 @@ _LIVE_GAUGES: tuple[tuple[cat.MetricSpec, tuple[str | tuple[str, ...], ...]], ..
     (cat.PREFILL_FLOPS, (_BY_DEVICE,)),
 )
 
-_series_lock = threading.Lock()
-
 
 def series_for(metrics: Metrics, name: str) -> ModelSeries:
     """The one :class:`ModelSeries` of ``name`` on ``metrics``' registry."""
     series = metrics.model_series.get(name)
     if series is None:
-        with _series_lock:
+        with metrics.lock:
             series = metrics.model_series.get(name)
             if series is None:
                 series = metrics.model_series[name] = ModelSeries(metrics, name)
@@ -335,7 +333,7 @@ def forget_series(metrics: Metrics, name: str, devices: list[tuple[str, ...]]) -
     must not keep claiming running requests, cache bytes or a heartbeat. Counters and histograms stay,
     as Prometheus expects. The next model of that name gets fresh series. In multiprocess mode series
     cannot be removed; they are set to 0."""
-    with _series_lock:
+    with metrics.lock:
         metrics.model_series.pop(name, None)
     for spec, after_model in _LIVE_GAUGES:
         choices = [devices if values == _BY_DEVICE else [(v,) for v in values] for values in after_model]

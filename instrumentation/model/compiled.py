@@ -11,22 +11,20 @@ import functools
 import weakref
 from typing import Any
 
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.forward import ForwardHooks, input_tensor
-from inferwatch.instrumentation.profiling.captures import CAPTURES
 from inferwatch.instrumentation.timing.request import (
     CURRENT_REQUEST,
     RUN_DRAIN_MARKS,
     DecodeRun,
     Request,
-    call_timed_around,
 )
 
 
 class CompiledPath:
     """The compiled decode step of one model's generate calls."""
 
-    def __init__(self, model: InstrumentedModel, hooks: ForwardHooks) -> None:
+    def __init__(self, model: ModelContext, hooks: ForwardHooks) -> None:
         self._model = model
         self._hooks = hooks
         #: Requests whose generate took the forward hooks out (ForwardHooks.hide) until it ends.
@@ -70,13 +68,14 @@ class CompiledPath:
                 run = self._start_run(request, args, kwargs)
             if run is None:
                 hooks.before(None, args, kwargs)
-                output = call_timed_around(compiled, args, kwargs)
+                output = model.call_timed_around(compiled, args, kwargs)
                 hooks.after(None, args, kwargs, output)
                 return output
             # The hot path of a settled decode step: a mark before, a mark after, nothing else. The forward
             # hooks stand aside for a request with a run (should they be in, see ForwardHooks.hide).
-            if CAPTURES.armed:
-                CAPTURES.boundary(False)
+            captures = model.captures
+            if captures.armed:
+                captures.boundary(False)
             mark = run.mark
             try:
                 start = mark()

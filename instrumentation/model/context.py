@@ -1,5 +1,8 @@
 """One instrumented model as every part of its instrumentation sees it: its name and series, where it runs
-now, its background pollers, and whether it is instrumented at all.
+now, its background lane and pollers, its capture switch, and whether it is instrumented at all.
+
+Everything a hook needs beyond its arguments comes from this object, given to it at installation
+(:mod:`inferwatch.instrumentation.instrumenting` builds it): no hook reaches a process-wide object.
 
 The parts (forward hooks, the generate wrapper, the compiled path, the stopping criteria, continuous
 batching) each get this one object and nothing of each other; :mod:`.hooks` puts them together.
@@ -7,9 +10,12 @@ batching) each get this one object and nothing of each other; :mod:`.hooks` puts
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -25,7 +31,7 @@ from inferwatch.instrumentation.device.hardware import (
 )
 from inferwatch.instrumentation.device.nvml_poller import NvmlPoller
 from inferwatch.instrumentation.device.pollers import CudaAllocatorPoller, ModelPoller
-from inferwatch.instrumentation.device.worker import BACKGROUND, NVML_WORKER
+from inferwatch.instrumentation.device.worker import Lane, Worker
 from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.model_series import drop_gauge, series_for
 from inferwatch.instrumentation.timing.clock import Clock, clock_for
@@ -68,10 +74,31 @@ def fingerprint(model: torch.nn.Module) -> tuple[torch.device, torch.dtype] | No
     return None if first is None else (first.device, first.dtype)
 
 
-class InstrumentedModel:
+class CaptureSwitch(Protocol):
+    """What the hooks see of on-demand profiling (inferwatch.instrumentation.profiling.captures.Captures):
+    one attribute read while no capture is armed."""
+
+    armed: bool
+
+    def boundary(self, prefill: bool) -> None: ...
+
+    def generate_ended(self) -> None: ...
+
+
+class ModelContext:
     """A model under instrumentation: held weakly (inferwatch never keeps it alive)."""
 
-    def __init__(self, model: torch.nn.Module, name: str, config: InstrumentConfig, metrics: cat.Metrics):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        name: str,
+        config: InstrumentConfig,
+        metrics: cat.Metrics,
+        *,
+        background: Lane,
+        nvml_worker: Worker,
+        captures: CaptureSwitch,
+    ):
         self.model_ref = weakref.ref(model)
         self.name = name
         self.model_type = str(
@@ -88,6 +115,25 @@ class InstrumentedModel:
         self.lock = threading.Lock()
         self._poller_keys: list[tuple] = []
         self.devices: set[DeviceIdentity] = set()  # every device the model's series were written under
+        #: Where the model's requests, forwards and batch steps resolve what the device had not finished,
+        #: and whose worker polls its placement.
+        self.background = background
+        self._nvml_worker = nvml_worker
+        #: On-demand profiles: the forward and generate hooks mark step boundaries while one is armed.
+        self.captures = captures
+        #: Set while this model's forward is timed from around it (a continuous-batching step, generate's
+        #: compiled call): its forward hooks then stand aside, so one pass is never timed twice.
+        self.timed_around: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            f"inferwatch_timed_around_{id(self):x}", default=False
+        )
+
+    def call_timed_around(self, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``call(*args, **kwargs)`` with :attr:`timed_around` set for its duration."""
+        token = self.timed_around.set(True)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.timed_around.reset(token)
 
     def _info_labels(self) -> tuple[str, ...]:
         placement = self.placement
@@ -141,24 +187,26 @@ class InstrumentedModel:
 
         key = ("model", id(self), label)
         identity = placement.identity
-        BACKGROUND.acquire(
+        worker = self.background.worker
+        worker.acquire(
             key,
             lambda: ModelPoller(self.series, device, identity, interval, peak_flops, peak_bandwidth, busy),
         )
-        self._poller_keys.append((BACKGROUND, key))
+        self._poller_keys.append((worker, key))
 
     def _start_device_pollers(self) -> NvmlPoller | None:
         """The CUDA allocator's poller and, where enabled, the device's NVML poller (returned)."""
         config, device, label = self.config, self.placement.device, self.placement.label
         identity, interval = self.placement.identity, config.poll_interval_seconds
         key = ("allocator", id(self.metrics), label)
-        BACKGROUND.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, identity, interval))
-        self._poller_keys.append((BACKGROUND, key))
+        worker = self.background.worker
+        worker.acquire(key, lambda: CudaAllocatorPoller(self.metrics, device, identity, interval))
+        self._poller_keys.append((worker, key))
         if not config.enable_nvml:
             self.metrics[cat.GPU_BUSY_UNAVAILABLE].labels(*identity.labels, NVML_DISABLED).set(1)
             return None
         key = ("nvml", id(self.metrics), label)
         index = device.index or 0
-        nvml = NVML_WORKER.acquire(key, lambda: NvmlPoller(self.metrics, identity, index, interval))
-        self._poller_keys.append((NVML_WORKER, key))
+        nvml = self._nvml_worker.acquire(key, lambda: NvmlPoller(self.metrics, identity, index, interval))
+        self._poller_keys.append((self._nvml_worker, key))
         return nvml

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 import torch
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.timing.arrival import ARRIVAL, Arrival
 from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request
 
@@ -44,7 +44,7 @@ def token_marking_criteria() -> type | None:
         device op per step (9.5 µs of host time on the H200 machine, host_costs.py). The list holds the
         request, never the model; a deep copy of it is transformers' plain list."""
 
-        def __init__(self, criteria: list, model: InstrumentedModel, request: Request) -> None:
+        def __init__(self, criteria: list, model: ModelContext, request: Request) -> None:
             super().__init__(criteria)
             self._model = model
             self._request = request
@@ -103,7 +103,7 @@ def stop_on_disconnect() -> Any:
     return _disconnect_criterion()(ARRIVAL.get())
 
 
-def wrap_stopping_criteria(model: InstrumentedModel, original: Any) -> Any:
+def wrap_stopping_criteria(model: ModelContext, original: Any) -> Any:
     """``_get_stopping_criteria``, through which generate builds the stopping criteria of its loop: for a
     request of ``model`` they come back as :class:`TokenMarkingCriteria`."""
 

@@ -3,8 +3,9 @@
 the pass to the request running in this thread (a context variable set by the generate wrapper or by
 ``track_request``); a pass outside any request is timed on its own.
 
-Both hooks stand aside while a forward is timed from around it (``TIMED_AROUND``: a continuous-batching
-step, generate's compiled call) or traced by ``torch.compile``, so one pass is never timed twice.
+Both hooks stand aside while a forward is timed from around it (``ModelContext.timed_around``: a
+continuous-batching step, generate's compiled call) or traced by ``torch.compile``, so one pass is never
+timed twice.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import time
 from typing import Any, NamedTuple
 
 import torch
-from inferwatch.instrumentation.device.worker import BACKGROUND
-from inferwatch.instrumentation.model.context import InstrumentedModel, Placement
+from inferwatch.instrumentation.model.context import ModelContext, Placement
 from inferwatch.instrumentation.model.kvcache import KVCacheSize, measure, output_cache
-from inferwatch.instrumentation.profiling.captures import CAPTURES
-from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, TIMED_AROUND, LooseForward, Step
+from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, LooseForward, Step
 
 #: A request's KV cache is measured after its prefill, its first decode step and then every this many
 #: steps: the gauge trails the cache by fewer tokens than that.
@@ -61,7 +60,7 @@ class ForwardStart(NamedTuple):
 class ForwardHooks:
     """The two forward hooks of one model, and their presence on it."""
 
-    def __init__(self, model: InstrumentedModel) -> None:
+    def __init__(self, model: ModelContext) -> None:
         self._model = model
         self._local = threading.local()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -91,7 +90,7 @@ class ForwardHooks:
         trace to nothing (docs/benchmarks.md). Without them the call is exactly the one a bare model
         compiles, so instrument() and remove() never make dynamo compile again. Meanwhile another thread's
         forward of the same model is not timed; with hooks of the user's on the model, ours stay in and
-        stand aside (TIMED_AROUND, DecodeRun)."""
+        stand aside (ModelContext.timed_around, DecodeRun)."""
         model = self._model
         try:
             with model.lock:  # remove() takes it too: a hook it removed is never put back
@@ -131,7 +130,7 @@ class ForwardHooks:
         # user's own torch.compile, or generate's with hooks of the user's on the model: hide): the
         # check folds to a constant, so the hook adds nothing to the graph and breaks nothing.
         model = self._model
-        if torch.compiler.is_compiling() or not model.active or TIMED_AROUND.get():
+        if torch.compiler.is_compiling() or not model.active or model.timed_around.get():
             return
         request = CURRENT_REQUEST.get()
         if request is not None and request.decode_run is not None:  # timed from around the compiled call
@@ -139,8 +138,9 @@ class ForwardHooks:
         try:
             placement = model.placement
             tensor = input_tensor(args, kwargs)
-            if CAPTURES.armed:  # an on-demand profile (profiling.py): one attribute read otherwise
-                CAPTURES.boundary(tensor is not None and tensor.shape[1] > 1)
+            captures = model.captures
+            if captures.armed:  # an on-demand profile (profiling/): one attribute read otherwise
+                captures.boundary(tensor is not None and tensor.shape[1] > 1)
             if tensor is not None and tensor.device != placement.device:
                 model.follow()
                 placement = model.placement
@@ -155,7 +155,7 @@ class ForwardHooks:
     def after(self, module: torch.nn.Module | None, args: tuple, kwargs: dict, output: Any) -> None:
         """The post-hook: the end mark, the KV cache's size, and the step for its request."""
         model = self._model
-        if torch.compiler.is_compiling() or not model.active or TIMED_AROUND.get():
+        if torch.compiler.is_compiling() or not model.active or model.timed_around.get():
             return
         try:
             started = self._local.__dict__.pop("start", None)
@@ -210,7 +210,7 @@ class ForwardHooks:
                 processed=batch * new_tokens,
             )
             if request is None:
-                BACKGROUND.resolve_or_defer(LooseForward(clock, step), model.errors)
+                model.background.resolve_or_defer(LooseForward(clock, step), model.errors)
             else:
                 request.add(step)
         except Exception as exc:

@@ -10,9 +10,8 @@ import time
 from typing import Any
 
 from inferwatch.instrumentation.model.compiled import CompiledPath
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.speculative import drafts_for_another, generate_as_draft
-from inferwatch.instrumentation.profiling.captures import CAPTURES
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
 from inferwatch.instrumentation.timing.clock import Fetched
 from inferwatch.instrumentation.timing.outcomes import failure_status
@@ -29,7 +28,7 @@ from inferwatch.instrumentation.timing.tokens import (
 class GenerateWrapper:
     """The requests of one model's generate calls."""
 
-    def __init__(self, model: InstrumentedModel, compiled: CompiledPath) -> None:
+    def __init__(self, model: ModelContext, compiled: CompiledPath) -> None:
         self._model = model
         self._compiled = compiled
 
@@ -80,6 +79,7 @@ class GenerateWrapper:
                 model.series,
                 clock,
                 owner=model,
+                background=model.background,
                 live=live,
                 entry=entry,
                 prompt_length=prompt_length,
@@ -94,8 +94,9 @@ class GenerateWrapper:
 
     def _exit(self, token: Any, request: Request) -> None:
         """generate returned or raised: this thread's request and the compiled path's hold end."""
-        if CAPTURES.armed:
-            CAPTURES.generate_ended()
+        captures = self._model.captures
+        if captures.armed:
+            captures.generate_ended()
         CURRENT_REQUEST.reset(token)
         self._compiled.generate_ended(request)
 

@@ -33,7 +33,7 @@ import functools
 from typing import Any
 
 from inferwatch.instrumentation.metrics import catalogue as cat
-from inferwatch.instrumentation.model.context import InstrumentedModel
+from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.wrapping import wrap_method
 from inferwatch.instrumentation.timing.request import CURRENT_REQUEST
 
@@ -68,7 +68,7 @@ class Speculation:
 
     __slots__ = ("accepted", "draft", "errors", "kept", "proposed", "seen", "start")
 
-    def __init__(self, model: InstrumentedModel, prompt_length: int) -> None:
+    def __init__(self, model: ModelContext, prompt_length: int) -> None:
         # Bound on first use, so a model that never speculates has no such series ("no data", not 0).
         self.draft = model.metrics[cat.SPEC_DRAFT_TOKENS].labels(model.name)
         self.accepted = model.metrics[cat.SPEC_ACCEPTED_TOKENS].labels(model.name)
@@ -131,7 +131,7 @@ class _Unfollowed:
 UNFOLLOWED = _Unfollowed()
 
 
-def wrap_candidate_generator(model: InstrumentedModel, original: Any) -> Any:
+def wrap_candidate_generator(model: ModelContext, original: Any) -> Any:
     """``_get_candidate_generator``, through which assisted decoding builds its candidate generator: for a
     request of ``model`` its rounds are counted (:class:`Speculation`)."""
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from inferwatch.instrumentation.device.worker import BACKGROUND
+from inferwatch.instrumentation.device.worker import Lane
 from inferwatch.instrumentation.metrics.model_series import ModelSeries
 from inferwatch.instrumentation.metrics.observations import Observations
 from inferwatch.instrumentation.model.kvcache import KVCacheSize
@@ -39,22 +39,12 @@ DRAIN_BATCH = 32
 RUN_DRAIN_MARKS = 128
 
 
-#: The request running in this thread (or asyncio task): forward hooks attribute their pass to it.
+#: The request running in this thread (or asyncio task): forward hooks attribute their pass to it. The one
+#: context-wide value on the request path, on purpose (docs/architecture.md, "State"): a tracked request
+#: owns the forwards of whichever instrumented model runs inside it, so it cannot be one model's.
 CURRENT_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
     "inferwatch_request", default=None
 )
-#: Set while a forward is timed from around it (a continuous-batching step, generate's compiled call): the
-#: model's own forward hooks stand aside, so one pass is never timed twice.
-TIMED_AROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("inferwatch_timed_around", default=False)
-
-
-def call_timed_around(call: Any, args: tuple, kwargs: dict) -> Any:
-    """``call(*args, **kwargs)`` with TIMED_AROUND set for its duration."""
-    token = TIMED_AROUND.set(True)
-    try:
-        return call(*args, **kwargs)
-    finally:
-        TIMED_AROUND.reset(token)
 
 
 class Step:
@@ -155,6 +145,7 @@ class Request:
         series: ModelSeries,
         clock: Clock,
         *,
+        background: Lane,
         owner: object = None,
         live: LiveTokens | None = None,
         entry: float | None = None,
@@ -163,6 +154,8 @@ class Request:
         token_limit: int | None = None,
     ) -> None:
         self.series = series
+        #: Where what is left at :meth:`finish` resolves: the lane of the model (or of tracked requests).
+        self.background = background
         self.owner = owner  # the generate instrumentation that opened it; None for a tracked request
         self.clock = clock
         self.mapping = AnchorMapping(clock, clock.start())
@@ -360,7 +353,7 @@ class Request:
         if not self._end(status, time.perf_counter()) and status == "oom":
             self.series.oom_events.inc()  # out of memory after its client left: an OOM all the same
         self.set_kv(None)
-        BACKGROUND.resolve_or_defer(self, self.series.errors)
+        self.background.resolve_or_defer(self, self.series.errors)
 
     def _end(self, status: str, at: float) -> bool:
         """Record the request's end at ``at`` with ``status``, once; False if it had already ended."""

@@ -26,7 +26,6 @@ from inferwatch.instrumentation.timing.clock import clock_for
 from inferwatch.instrumentation.timing.request import (
     CURRENT_REQUEST,
     RUN_DRAIN_MARKS,
-    TIMED_AROUND,
     DecodeRun,
     Request,
     Step,
@@ -51,7 +50,7 @@ def compiled_step_costs(instrumentation: Any, clock: Any, ids: torch.Tensor) -> 
     """A compiled decode step's share: the wrapper generate calls instead of the compiled call (around a
     call that does nothing, with the keyword arguments of a decode step), and resolving a run."""
     model = instrumentation.model
-    request = Request(model.series, clock, owner=model)
+    request = Request(model.series, clock, owner=model, background=model.background)
     token = CURRENT_REQUEST.set(request)
     run = DecodeRun(clock, str(ids.device), 1, 0.0)
     request.begin_run(run)
@@ -135,7 +134,7 @@ def main() -> int:
     report("time.perf_counter()", time.perf_counter)
     if cuda:
         cuda_calls(clock, device)
-    report("ContextVar.get", TIMED_AROUND.get)
+    report("ContextVar.get", CURRENT_REQUEST.get)
     report("torch.compiler.is_compiling()", torch.compiler.is_compiling)
     report(
         "Step(...) by keyword",
@@ -159,7 +158,12 @@ def main() -> int:
     ids = torch.randint(10, 200, (1, 1), device=device)
     handle = instrument(model, model_name="m", registry=CollectorRegistry())
     instrumentation = handle._instrumentation
-    request = Request(instrumentation.model.series, clock, owner=instrumentation.model)
+    request = Request(
+        instrumentation.model.series,
+        clock,
+        owner=instrumentation.model,
+        background=instrumentation.model.background,
+    )
     CURRENT_REQUEST.set(request)
     with torch.inference_mode():
         output = model(ids)

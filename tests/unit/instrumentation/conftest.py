@@ -3,12 +3,14 @@ instrumentation that is always removed again."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from inferwatch.instrumentation import InstrumentationHandle, instrument
 from inferwatch.instrumentation.demo.models import PAD_TOKEN_ID, build_model, encode_text
+from inferwatch.instrumentation.metrics.catalogue import existing_metrics
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support import sample_value
@@ -67,3 +69,15 @@ def batch_of(*texts: str) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.tensor([[PAD_TOKEN_ID] * (width - len(e)) + e for e in encoded])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     return ids, mask
+
+
+def wait_forgotten(registry: CollectorRegistry, name: str, timeout: float = 10.0) -> None:
+    """Wait until the background thread has forgotten the collected model(s) named ``name`` (without
+    scraping: a scrape changes nothing about models)."""
+    metrics = existing_metrics(registry)
+    deadline = time.monotonic() + timeout
+    while metrics is not None and name in metrics.model_series:
+        assert time.monotonic() < deadline, (
+            f"model {name!r} still has live series {timeout} s after it was collected"
+        )
+        time.sleep(0.02)

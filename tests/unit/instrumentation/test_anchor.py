@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from inferwatch.instrumentation.config import InstrumentConfig
+from inferwatch.instrumentation.device.worker import Worker
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.timing.clock import Anchor
@@ -71,7 +72,13 @@ def run_request(registry: CollectorRegistry, forwards: list[tuple[float, float, 
     """One generate-like request entered at t=0: per forward (host call, device start, host end of the
     hook, device end); the first is the prefill and every forward yields a token."""
     series = series_for(metrics_for(registry, InstrumentConfig()), "m")
-    request = Request(series, SimulatedDeviceClock(anchor_host=5 * US), owner=object(), entry=0.0)
+    request = Request(
+        series,
+        SimulatedDeviceClock(anchor_host=5 * US),
+        owner=object(),
+        entry=0.0,
+        background=Worker("test").lane(),
+    )
     for index, (start_host, started, end_host, ended) in enumerate(forwards):
         phase = "prefill" if index == 0 else "decode"
         step = Step(

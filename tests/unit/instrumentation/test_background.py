@@ -164,3 +164,26 @@ def test_footprint_counts_what_a_step_really_touches(llama, gpt2) -> None:
     footprint = parameter_footprint(gpt2)  # one table, tied: read in full by the output projection
     assert (footprint.count, footprint.matmul_count) == (total, total - table)
     assert footprint.decode_read_bytes == total * 4
+
+
+class _Waiting:
+    """A pending item that resolves once ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def resolve(self) -> bool:
+        return self.done
+
+    def expired(self) -> bool:
+        return False
+
+
+def test_a_flush_waits_for_its_own_models_items_only(llama, gpt2, registry, instrumented) -> None:
+    busy, idle = instrumented(llama, model_name="busy"), instrumented(gpt2, model_name="idle")
+    item = _Waiting()
+    busy._instrumentation.model.background.defer(item, busy._instrumentation.model.errors)
+    assert idle.flush(timeout=0.2), "another model's pending item held this model's flush"
+    assert not busy.flush(timeout=0.2)
+    item.done = True
+    assert busy.flush(timeout=5)

@@ -25,6 +25,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from tests.support import sample_value
 from tests.support.batching import small_page_pool
 from tests.support.observations import ObservationRecorder
+from tests.unit.instrumentation.conftest import wait_forgotten
 
 pytestmark = pytest.mark.matrix
 
@@ -207,7 +208,8 @@ def test_the_paged_cache_is_reported_and_forgotten_with_the_model() -> None:
     del model, manager
     gc.collect()
     assert collected.is_set(), "continuous batching kept the instrumented model alive"
-    exposition = generate_latest(registry).decode()  # a scrape forgets collected models first
+    wait_forgotten(registry, MODEL)
+    exposition = generate_latest(registry).decode()
     assert sample_value(exposition, "llm_model_info") is None
     assert sample_value(exposition, "llm_kv_cache_blocks", state="total") is None
 

@@ -18,7 +18,7 @@ from inferwatch.instrumentation.tracking import track_request
 from transformers import StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from tests.unit.instrumentation.conftest import batch_of, metric, scrape
+from tests.unit.instrumentation.conftest import batch_of, metric, scrape, wait_forgotten
 
 pytestmark = pytest.mark.matrix
 
@@ -63,6 +63,7 @@ def test_an_instrumented_model_is_freed_and_its_live_series_go_with_it(registry)
         del model, handle
         gc.collect()
         assert refs[-1]() is None, "inferwatch kept the model alive"
+        wait_forgotten(registry, "m")
         text = scrape(registry)
         for family in LIVE_FAMILIES:
             assert f'{family}{{model="m"' not in text, family
