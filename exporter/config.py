@@ -5,6 +5,12 @@ flag's, upper-cased, with dots and dashes as underscores, after ``INFERWATCH_EXP
 ``--web.listen-address`` is ``INFERWATCH_EXPORTER_WEB_LISTEN_ADDRESS``. Boolean variables take
 true/false, 1/0, yes/no or on/off; list variables take commas. Every value is checked before anything
 starts, and a bad one stops the exporter with one line naming the flag or variable, and exit status 2.
+
+The flags here are the exporter's own (:data:`GENERAL_OPTIONS`, into :class:`ExporterConfig`); each
+collector's switch and options, with their defaults and parsers, live in the collector's module, and make
+its settings object (:mod:`.collectors.registry`). :func:`options` gathers them all by importing the
+collectors package when called: this module never imports the collectors at its own import, and the
+collectors never import it (they read it through :class:`.collectors.base.Configuration`).
 """
 
 from __future__ import annotations
@@ -14,12 +20,11 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from inferwatch.common.durations import parse_duration
 
-from .collectors.kubernetes import DEFAULT_RESOURCES, DEFAULT_SOCKET
-from .collectors.registry import REGISTRY, default_collectors
 from .errors import ConfigError
 from .nvml import DEFAULT_NVML_MODULE, NVML_MODULE_ENV
 from .options import ENV_PREFIX, Option, bounded_duration
@@ -31,9 +36,30 @@ DEFAULT_PORT = 8798
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 
+def _collectors() -> ModuleType:
+    """The collectors package, whose import imports (and so registers) every collector.
+
+    Imported here, when first called, never at this module's import: the configuration gathers the
+    collectors' options from the package that registers them all, not from a registry that some other
+    import happened to fill, and the collectors, which never import the configuration, form no cycle
+    with it."""
+    from . import collectors
+
+    return collectors
+
+
+def _default_collectors() -> frozenset[str]:
+    return _collectors().default_collectors()
+
+
+def _default_settings() -> Mapping[str, Any]:
+    return _collectors().default_settings()
+
+
 @dataclass(frozen=True)
 class ExporterConfig:
-    """Everything the exporter was asked to do, checked."""
+    """Everything the exporter was asked to do, checked: its general settings, which collectors run, and
+    the settings of each collector that has options (declared in its module, not here)."""
 
     listen_host: str = ""
     listen_port: int = DEFAULT_PORT
@@ -42,22 +68,19 @@ class ExporterConfig:
     interval: float = 1.0
     timeout: float = 1.0
     #: The names of the collectors that run (:data:`.collectors.registry.REGISTRY`).
-    collectors: frozenset[str] = dataclasses.field(default_factory=default_collectors)
-    gpm_window: float = 1.0
+    collectors: frozenset[str] = dataclasses.field(default_factory=_default_collectors)
     gpus: tuple[str, ...] = ()
-    processes_max: int = 16
-    pid_files: tuple[str, ...] = ()
-    name_pattern: re.Pattern[str] | None = None
-    gpu_processes: bool = True
     nvml_retry_interval: float = 30.0
-    kubernetes_socket: str = DEFAULT_SOCKET
-    kubernetes_resources: tuple[str, ...] = DEFAULT_RESOURCES
-    kubernetes_timeout: float = 2.0
-    kubernetes_interval: float = 10.0
     log_level: str = "info"
     #: Where counts that must outlive the process are kept (XIDs); empty: nowhere.
     state_dir: str = ""
     nvml_module: str = DEFAULT_NVML_MODULE
+    #: Collector name -> its settings (the frozen dataclass its module declares, made from its options),
+    #: for each collector that has options; what its factories are handed when it is built.
+    collector_settings: Mapping[str, Any] = dataclasses.field(default_factory=_default_settings, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "collector_settings", MappingProxyType(dict(self.collector_settings)))
 
     @property
     def listen_address(self) -> str:
@@ -70,11 +93,19 @@ class ExporterConfig:
 
     def switched(self, **collectors: bool) -> ExporterConfig:
         """This configuration with the named collectors switched on (True) or off (False)."""
-        unknown = set(collectors) - set(REGISTRY)
+        unknown = set(collectors) - set(_collectors().REGISTRY)
         if unknown:
             raise ValueError(f"no such collector: {', '.join(sorted(unknown))}")
         on = {name for name, wanted in collectors.items() if wanted}
         return dataclasses.replace(self, collectors=(self.collectors - set(collectors)) | on)
+
+    def with_settings(self, collector: str, **changes: Any) -> ExporterConfig:
+        """This configuration with fields of ``collector``'s settings changed: ``with_settings("gpm",
+        window=0.5)``."""
+        if collector not in self.collector_settings:
+            raise ValueError(f"collector {collector!r} has no settings")
+        changed = dataclasses.replace(self.collector_settings[collector], **changes)
+        return dataclasses.replace(self, collector_settings={**self.collector_settings, collector: changed})
 
 
 # --- value parsers: each raises ValueError with a message that reads well after "flag: " ---------------
@@ -138,8 +169,8 @@ def parse_log_level(value: str) -> str:
     return level
 
 
-#: The exporter's own flags; then each collector's switch and options, from the registry.
-_GENERAL_OPTIONS = (
+#: The exporter's own flags, into :class:`ExporterConfig`; :func:`options` adds the collectors'.
+GENERAL_OPTIONS = (
     Option(
         "--web.listen-address",
         "listen_address",
@@ -209,9 +240,21 @@ _GENERAL_OPTIONS = (
         "--log.level", "log_level", parse_log_level, "info", "debug, info, warn or error", metavar="LEVEL"
     ),
 )
-OPTIONS = _GENERAL_OPTIONS + tuple(
-    option for registration in REGISTRY.values() for option in (registration.switch, *registration.options)
-)
+
+
+def _owned_options() -> list[tuple[str | None, Option]]:
+    """Every flag with its owner: None for the exporter's own, else the collector's name (its switch, then
+    its options), collectors in the order they run."""
+    owned: list[tuple[str | None, Option]] = [(None, option) for option in GENERAL_OPTIONS]
+    for name, registration in _collectors().REGISTRY.items():
+        owned += [(name, option) for option in (registration.switch, *registration.options)]
+    return owned
+
+
+def options() -> tuple[Option, ...]:
+    """Every flag, as ``--help`` lists them: the exporter's own, then each collector's switch and options."""
+    return tuple(option for _, option in _owned_options())
+
 
 _EPILOG = f"""\
 Every flag has an environment variable, shown after it: {ENV_PREFIX} and the flag's name
@@ -238,14 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    for option in OPTIONS:
+    for owner, option in _owned_options():
         default = option.default_help or option.default or "none"
         help_ = f"{option.help} [env {option.env}; default {default}]"
         if option.kind in ("bool", "collector"):
             parser.add_argument(
                 option.flag,
                 *option.aliases,
-                dest=_dest(option),
+                dest=_dest(owner, option),
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=help_,
@@ -253,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(
                 option.flag,
-                dest=_dest(option),
+                dest=_dest(owner, option),
                 action="append" if option.kind == "append" else "store",
                 type=_for_argparse(option.parse),
                 default=None,
@@ -263,9 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dest(option: Option) -> str:
-    """Where argparse puts the value: a collector's switch apart from the fields of the configuration."""
-    return f"collector.{option.field}" if option.kind == "collector" else option.field
+def _dest(owner: str | None, option: Option) -> str:
+    """Where argparse puts the value: a collector's switch and options apart from the general fields (the
+    Kubernetes collector's ``timeout`` is not the exporter's)."""
+    if option.kind == "collector":
+        return f"collector.{option.field}"
+    return option.field if owner is None else f"{owner}.{option.field}"
 
 
 def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -289,8 +335,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
         return None
     values: dict[str, Any] = {}
     collectors: set[str] = set()
-    for option in OPTIONS:
-        given = getattr(args, _dest(option))
+    collector_values: dict[str, dict[str, Any]] = {}
+    for owner, option in _owned_options():
+        given = getattr(args, _dest(owner, option))
         if option.kind == "append" and given is not None:
             given = tuple(path for paths in given for path in paths)
         if given is None:
@@ -302,8 +349,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
                 raise ConfigError(f"{source}: {exc}") from None
         if option.kind == "collector":
             collectors.update([option.field] if given else [])
-        else:
+        elif owner is None:
             values[option.field] = given
+        else:
+            collector_values.setdefault(owner, {})[option.field] = given
     host, port = values.pop("listen_address")
     if values["timeout"] is None:
         values["timeout"] = min(values["interval"], parse_duration(MAX_TIMEOUT))
@@ -312,10 +361,16 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ExporterCon
         raise ConfigError(
             f"{NVML_MODULE_ENV}: {nvml_module!r} is not a module name (unset it for {DEFAULT_NVML_MODULE})"
         )
+    registry = _collectors().REGISTRY
     return ExporterConfig(
         listen_host=host,
         listen_port=port,
         collectors=frozenset(collectors),
         nvml_module=nvml_module,
+        collector_settings={
+            name: registration.make_settings(collector_values.get(name, {}))
+            for name, registration in registry.items()
+            if registration.settings is not None
+        },
         **values,
     )

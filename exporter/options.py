@@ -19,7 +19,9 @@ ENV_PREFIX = "INFERWATCH_EXPORTER_"
 
 @dataclass(frozen=True)
 class Option:
-    """One flag: where its value goes in :class:`~.config.ExporterConfig`, how it is parsed, its default.
+    """One flag: the field its value goes to, how it is parsed, its default. The field is one of
+    :class:`~.config.ExporterConfig` for the exporter's own flags, one of the collector's settings for the
+    options a collector declares (:class:`~.collectors.registry.Registration`).
 
     ``kind`` is ``value`` (``--flag VALUE``), ``bool`` (``--flag`` / ``--no-flag``), ``append``
     (repeatable) or ``collector`` (``--collector.NAME`` / ``--no-collector.NAME``: ``field`` is the

@@ -6,13 +6,16 @@ thread. Either kind only appends samples: if it raises, the poller drops what it
 collection, counts the failure, and the other collectors' series are served as usual.
 
 Each module registers its collector (:mod:`.registry`) when imported: its name, whether it runs by
-default, its help and its options. None reads what another emitted, so the order of the imports below,
-which is the order they run in, decides only the order of series in a scrape.
+default, its help, and its options with the settings they make, declared in that module alone. Importing
+this package imports every one of them, so :data:`REGISTRY` is complete once it is imported: the
+configuration (:mod:`..config`) imports it, when asked, to gather the collectors' options; the collectors
+never import the configuration. None reads what another emitted, so the order of the imports below, which
+is the order they run in, decides only the order of series in a scrape.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 # The order collectors run in (and so the order of families in a scrape), kept as it was.
 # isort: off
@@ -20,36 +23,51 @@ from . import identity, utilization, memory, power, thermal, clocks, clocks_even
 from . import nvlink, mig, host, gpm, processes, pcie_throughput, kubernetes, xid  # noqa: F401
 
 # isort: on
-from .base import GpuCollector, HostCollector, HostContext
-from .registry import REGISTRY, Registration
+from .base import Configuration, GpuCollector, HostCollector, HostContext
+from .registry import REGISTRY, Registration, default_collectors, default_settings
 from .shared import Shared
-
-if TYPE_CHECKING:
-    from ..config import ExporterConfig
 
 __all__ = [
     "REGISTRY",
+    "Configuration",
     "GpuCollector",
     "HostCollector",
     "HostContext",
     "Shared",
+    "default_collectors",
+    "default_settings",
     "gpu_collectors",
     "host_collectors",
 ]
 
 
-def gpu_collectors(config: ExporterConfig, shared: Shared | None = None) -> list[GpuCollector]:
-    """The NVML collectors the configuration enables, in the order they run, over ``shared`` (made from
-    the configuration when not given)."""
+def gpu_collectors(config: Configuration, shared: Shared | None = None) -> list[GpuCollector]:
+    """The NVML collectors the configuration enables, in the order they run, each built with its own
+    settings, over ``shared`` (made from the configuration when not given)."""
     shared = shared or Shared.from_config(config)
-    return [c for r in _enabled(config) if r.gpu is not None for c in r.gpu(config, shared)]
+    return [
+        collector
+        for registration, settings in _enabled(config)
+        if registration.gpu is not None
+        for collector in registration.gpu(config, settings, shared)
+    ]
 
 
-def host_collectors(config: ExporterConfig, shared: Shared | None = None) -> list[HostCollector]:
+def host_collectors(config: Configuration, shared: Shared | None = None) -> list[HostCollector]:
     """The psutil collectors the configuration enables, in the order they run, over ``shared``."""
     shared = shared or Shared.from_config(config)
-    return [c for r in _enabled(config) if r.host is not None for c in r.host(config, shared)]
+    return [
+        collector
+        for registration, settings in _enabled(config)
+        if registration.host is not None
+        for collector in registration.host(config, settings, shared)
+    ]
 
 
-def _enabled(config: ExporterConfig) -> list[Registration]:
-    return [registration for name, registration in REGISTRY.items() if config.enabled(name)]
+def _enabled(config: Configuration) -> list[tuple[Registration, Any]]:
+    """The registrations that run, each with its settings (None for one without options)."""
+    return [
+        (registration, config.collector_settings.get(name))
+        for name, registration in REGISTRY.items()
+        if config.enabled(name)
+    ]

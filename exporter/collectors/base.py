@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 
@@ -10,6 +11,21 @@ from ..samples import MetricSpec, Sample
 
 if TYPE_CHECKING:
     from ..nvml import GpuContext
+
+
+class Configuration(Protocol):
+    """What collectors read of the exporter's configuration besides their own settings, which their factories
+    are handed (:mod:`.registry`). :class:`~inferwatch.exporter.config.ExporterConfig` is one; it is spelled
+    out here because the collectors never import the configuration: the configuration imports them, when
+    it gathers their options."""
+
+    @property
+    def interval(self) -> float: ...
+
+    @property
+    def collector_settings(self) -> Mapping[str, Any]: ...
+
+    def enabled(self, collector: str) -> bool: ...
 
 
 class GpuCollector(Protocol):

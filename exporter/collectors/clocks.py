@@ -36,6 +36,6 @@ register(
     Registration(
         "clocks",
         "current and maximum clocks, and the performance state",
-        gpu=lambda config, shared: [ClocksCollector()],
+        gpu=lambda config, settings, shared: [ClocksCollector()],
     )
 )

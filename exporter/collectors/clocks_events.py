@@ -80,6 +80,6 @@ register(
     Registration(
         "clocks_events",
         "why clocks are below their maximum (throttle reasons), and for how long",
-        gpu=lambda config, shared: [ClocksEventsCollector()],
+        gpu=lambda config, settings, shared: [ClocksEventsCollector()],
     )
 )

@@ -53,5 +53,7 @@ class EccCollector:
 
 
 register(
-    Registration("ecc", "ECC error counts and row remapping", gpu=lambda config, shared: [EccCollector()])
+    Registration(
+        "ecc", "ECC error counts and row remapping", gpu=lambda config, settings, shared: [EccCollector()]
+    )
 )

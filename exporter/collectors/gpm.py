@@ -12,6 +12,8 @@ blocking 20 ms reading. A GPU without GPM has none of these series and counts ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from inferwatch.common.durations import parse_duration
 
 from ..gpm_samples import GPM_MIN_SECONDS, GpmState, gpm_buffers, gpm_metrics, gpm_sample
@@ -139,15 +141,23 @@ def parse_window(value: str) -> float:
     return seconds
 
 
+@dataclass(frozen=True)
+class GpmSettings:
+    """The GPM collector's options, parsed (their defaults are the options')."""
+
+    window: float  # --collector.gpm.window, seconds
+
+
 register(
     Registration(
         "gpm",
         "SM, tensor and DRAM activity (and PCIe, NVLink bytes/s) from NVML GPM, on GPUs that have it",
-        gpu=lambda config, shared: [GpmCollector(config.gpm_window, config.interval)],
+        gpu=lambda config, settings, shared: [GpmCollector(settings.window, config.interval)],
+        settings=GpmSettings,
         options=(
             Option(
                 "--collector.gpm.window",
-                "gpm_window",
+                "window",
                 parse_window,
                 "1s",
                 "time between the two GPM samples each reading is a ratio over (at least 100ms)",

@@ -40,5 +40,7 @@ class HostStatsCollector:
 
 
 register(
-    Registration("host", "host CPU time, memory and load", host=lambda config, shared: [HostStatsCollector()])
+    Registration(
+        "host", "host CPU time, memory and load", host=lambda config, settings, shared: [HostStatsCollector()]
+    )
 )

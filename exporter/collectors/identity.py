@@ -52,6 +52,6 @@ register(
     Registration(
         "identity",
         "GPU identity (one gpu_info series) and persistence mode",
-        gpu=lambda config, shared: [IdentityCollector()],
+        gpu=lambda config, settings, shared: [IdentityCollector()],
     )
 )

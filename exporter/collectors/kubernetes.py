@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..kubernetes.cgroup import ContainerRef, read_container
@@ -31,7 +32,6 @@ from .base import HostContext
 from .registry import Registration, register
 
 if TYPE_CHECKING:
-    from ..config import ExporterConfig
     from .processes import ServingProcesses
 
 POD_INFO = gpu_gauge(
@@ -60,6 +60,16 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
 
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """The Kubernetes collector's options, parsed (their defaults are the options')."""
+
+    socket: str  # --kubernetes.pod-resources-socket
+    resources: tuple[str, ...]  # --kubernetes.resources
+    timeout: float  # --kubernetes.timeout, seconds
+    interval: float  # --kubernetes.interval, seconds
+
+
 class PodAttribution:
     """What the two Kubernetes collectors share: the kubelet's latest answer, and the containers the last
     collection of each GPU found holding it (GPU UUID -> holders), which name the pods of its processes."""
@@ -69,14 +79,9 @@ class PodAttribution:
         self.holders: dict[str, frozenset[Holder]] = {}
 
     @classmethod
-    def from_config(cls, config: ExporterConfig) -> PodAttribution:
+    def from_settings(cls, settings: KubernetesSettings) -> PodAttribution:
         return cls(
-            PodResourcesWatcher(
-                config.kubernetes_socket,
-                config.kubernetes_resources,
-                config.kubernetes_timeout,
-                config.kubernetes_interval,
-            )
+            PodResourcesWatcher(settings.socket, settings.resources, settings.timeout, settings.interval)
         )
 
 
@@ -118,16 +123,15 @@ def _mig_devices(gpu: GpuContext) -> list[MigDevice]:
 class KubernetesProcessesCollector:
     name = "kubernetes_processes"
 
-    def __init__(self, pods: PodAttribution, serving: ServingProcesses, max_processes: int) -> None:
+    def __init__(self, pods: PodAttribution, serving: ServingProcesses) -> None:
         self._pods = pods
         self._serving = serving
-        self._max = max_processes
 
     def collect(self, host: HostContext) -> None:
         serving = self._serving.select(host).processes
         followed = dict.fromkeys([*serving, *sorted(host.gpu_processes)])
         containers = {}
-        for pid in list(followed)[: self._max]:
+        for pid in list(followed)[: self._serving.max_processes]:
             ref = read_container(pid)
             if ref is not None:
                 containers[pid] = ref
@@ -187,16 +191,17 @@ register(
     Registration(
         "kubernetes",
         "pods and containers holding each GPU (the kubelet's PodResources API) and the pod of each process",
-        gpu=lambda config, shared: [KubernetesPodsCollector(shared.pods)] if shared.pods else [],
-        host=lambda config, shared: (
-            [KubernetesProcessesCollector(shared.pods, shared.serving, config.processes_max)]
+        gpu=lambda config, settings, shared: [KubernetesPodsCollector(shared.pods)] if shared.pods else [],
+        host=lambda config, settings, shared: (
+            [KubernetesProcessesCollector(shared.pods, shared.serving)]
             if shared.pods and shared.serving
             else []
         ),
+        settings=KubernetesSettings,
         options=(
             Option(
                 "--kubernetes.pod-resources-socket",
-                "kubernetes_socket",
+                "socket",
                 str,
                 DEFAULT_SOCKET,
                 "the kubelet's PodResources socket; none there means no pod series",
@@ -204,7 +209,7 @@ register(
             ),
             Option(
                 "--kubernetes.resources",
-                "kubernetes_resources",
+                "resources",
                 parse_resources,
                 ",".join(DEFAULT_RESOURCES),
                 "extended resources that are GPUs, comma-separated; * matches any characters",
@@ -212,7 +217,7 @@ register(
             ),
             Option(
                 "--kubernetes.timeout",
-                "kubernetes_timeout",
+                "timeout",
                 bounded_duration("100ms", "1m"),
                 "2s",
                 "how long one List of the PodResources API may take (100ms to 1m)",
@@ -220,7 +225,7 @@ register(
             ),
             Option(
                 "--kubernetes.interval",
-                "kubernetes_interval",
+                "interval",
                 bounded_duration("1s", "1h"),
                 "10s",
                 "how often to List the PodResources API (1s to 1h)",

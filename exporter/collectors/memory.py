@@ -42,6 +42,6 @@ register(
     Registration(
         "memory",
         "device memory: total, used, free and driver-reserved",
-        gpu=lambda config, shared: [MemoryCollector()],
+        gpu=lambda config, settings, shared: [MemoryCollector()],
     )
 )

@@ -31,6 +31,8 @@ class MigCollector:
 
 register(
     Registration(
-        "mig", "MIG mode and the memory of each MIG device", gpu=lambda config, shared: [MigCollector()]
+        "mig",
+        "MIG mode and the memory of each MIG device",
+        gpu=lambda config, settings, shared: [MigCollector()],
     )
 )

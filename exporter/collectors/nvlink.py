@@ -63,6 +63,6 @@ register(
     Registration(
         "nvlink",
         "NVLink active links and errors, on GPUs that have NVLink",
-        gpu=lambda config, shared: [NvlinkCollector()],
+        gpu=lambda config, settings, shared: [NvlinkCollector()],
     )
 )

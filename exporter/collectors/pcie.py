@@ -32,6 +32,8 @@ class PcieCollector:
 
 register(
     Registration(
-        "pcie", "PCIe link generation, width and replays", gpu=lambda config, shared: [PcieCollector()]
+        "pcie",
+        "PCIe link generation, width and replays",
+        gpu=lambda config, settings, shared: [PcieCollector()],
     )
 )

@@ -38,7 +38,7 @@ register(
         "pcie_throughput",
         "PCIe TX/RX throughput; each reading blocks ~20 ms per direction and GPU",
         default=False,
-        gpu=lambda config, shared: [PcieThroughputCollector(config.enabled("gpm"))],
+        gpu=lambda config, settings, shared: [PcieThroughputCollector(config.enabled("gpm"))],
         aliases=("--collector.pcie-throughput",),
     )
 )

@@ -41,6 +41,6 @@ register(
     Registration(
         "power",
         "power draw, the enforced power limit, and energy",
-        gpu=lambda config, shared: [PowerCollector()],
+        gpu=lambda config, settings, shared: [PowerCollector()],
     )
 )

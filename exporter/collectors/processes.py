@@ -14,7 +14,6 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -24,9 +23,6 @@ from ..samples import MetricSpec
 from .base import HostContext
 from .gpu_processes import GpuProcessesCollector
 from .registry import Registration, register
-
-if TYPE_CHECKING:
-    from ..config import ExporterConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +44,16 @@ MATCHED = MetricSpec(
 )
 
 _RESCAN_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ProcessesSettings:
+    """The processes collector's options, parsed (their defaults are the options')."""
+
+    max_processes: int  # --processes.max
+    pid_files: tuple[str, ...]  # --processes.pid-file
+    name_pattern: re.Pattern[str] | None  # --processes.name-pattern
+    gpu_processes: bool  # --processes.gpu
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,13 @@ class ServingProcesses:
         self._selected_for: HostContext | None = None
 
     @classmethod
-    def from_config(cls, config: ExporterConfig) -> ServingProcesses:
-        return cls(config.pid_files, config.name_pattern, config.gpu_processes, config.processes_max)
+    def from_settings(cls, settings: ProcessesSettings) -> ServingProcesses:
+        return cls(settings.pid_files, settings.name_pattern, settings.gpu_processes, settings.max_processes)
+
+    @property
+    def max_processes(self) -> int:
+        """How many of them get series at most (``--processes.max``)."""
+        return self._max
 
     def select(self, host: HostContext) -> Selection:
         """The serving processes of ``host``'s collection."""
@@ -155,12 +166,13 @@ register(
     Registration(
         "processes",
         "per-process GPU memory and serving-process CPU, memory and threads",
-        gpu=lambda config, shared: [GpuProcessesCollector(config.processes_max)],
-        host=lambda config, shared: [ProcessesCollector(shared.serving)] if shared.serving else [],
+        gpu=lambda config, settings, shared: [GpuProcessesCollector(settings.max_processes)],
+        host=lambda config, settings, shared: [ProcessesCollector(shared.serving)] if shared.serving else [],
+        settings=ProcessesSettings,
         options=(
             Option(
                 "--processes.max",
-                "processes_max",
+                "max_processes",
                 parse_count,
                 "16",
                 "most processes with series: per GPU for GPU memory, in total for serving processes",

@@ -6,13 +6,10 @@ Each is a state of its own, not a collector's output: whichever collector comes 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .base import Configuration
 from .kubernetes import PodAttribution
 from .processes import ServingProcesses
-
-if TYPE_CHECKING:
-    from ..config import ExporterConfig
 
 
 @dataclass(frozen=True)
@@ -21,8 +18,10 @@ class Shared:
     serving: ServingProcesses | None = None
 
     @classmethod
-    def from_config(cls, config: ExporterConfig) -> Shared:
+    def from_config(cls, config: Configuration) -> Shared:
+        """Each made from the settings of the collector whose switch it comes with."""
+        settings = config.collector_settings
         return cls(
-            PodAttribution.from_config(config) if config.enabled("kubernetes") else None,
-            ServingProcesses.from_config(config) if config.enabled("processes") else None,
+            PodAttribution.from_settings(settings["kubernetes"]) if config.enabled("kubernetes") else None,
+            ServingProcesses.from_settings(settings["processes"]) if config.enabled("processes") else None,
         )

@@ -42,6 +42,6 @@ register(
     Registration(
         "thermal",
         "GPU and memory temperatures and their thresholds",
-        gpu=lambda config, shared: [ThermalCollector()],
+        gpu=lambda config, settings, shared: [ThermalCollector()],
     )
 )

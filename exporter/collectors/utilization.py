@@ -88,6 +88,6 @@ register(
     Registration(
         "utilization",
         "GPU and memory-bandwidth utilization, the mean of NVML's samples",
-        gpu=lambda config, shared: [UtilizationCollector()],
+        gpu=lambda config, settings, shared: [UtilizationCollector()],
     )
 )

@@ -25,16 +25,20 @@ MakePoller = Callable[..., Poller]
 class Pollers:
     """Makes pollers over one stand-in and one clock (XID thread off unless asked for), and stops them.
 
-    Keywords are fields of :class:`ExporterConfig` or collector names, which switch a collector on or off
-    (``gpm=False``)."""
+    Keywords are fields of :class:`ExporterConfig` or collector names: True or False switches a collector
+    on or off (``gpm=False``), a dict changes fields of its settings (``gpm={"window": 0.3}``)."""
 
     def __init__(self, fake: FakeNvml, clock: Clock) -> None:
         self._fake, self._clock = fake, clock
         self._made: list[Poller] = []
 
     def __call__(self, **config: Any) -> Poller:
-        switches = {"xid": False} | {name: config.pop(name) for name in list(config) if name in REGISTRY}
+        collectors = {name: config.pop(name) for name in list(config) if name in REGISTRY}
+        switches = {"xid": False} | {name: on for name, on in collectors.items() if isinstance(on, bool)}
         settings = dataclasses.replace(ExporterConfig(), **config).switched(**switches)
+        for name, changes in collectors.items():
+            if not isinstance(changes, bool):
+                settings = settings.with_settings(name, **changes)
         poller = Poller(settings, self._fake, "test", clock=self._clock)  # type: ignore[arg-type]
         self._made.append(poller)
         return poller

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import requests
-from inferwatch.exporter.config import OPTIONS
+from inferwatch.exporter.config import options
 
 from tests.support import REPO_ROOT, fake_nvml, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
@@ -138,7 +138,7 @@ def test_help_documents_every_flag_and_variable() -> None:
     )
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
-    for option in OPTIONS:
+    for option in options():
         assert option.flag in text and option.env in text
 
 

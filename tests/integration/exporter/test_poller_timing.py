@@ -183,7 +183,7 @@ def test_xid_floods_are_counted_in_full_and_logged_a_few_times(
 def test_the_buffers_of_a_gpu_stuck_in_nvml_are_left_alone_at_stop(
     make_poller: MakePoller, fake: Any
 ) -> None:
-    poller = make_poller(interval=0.3, timeout=0.3, gpm_window=WINDOW)
+    poller = make_poller(interval=0.3, timeout=0.3, gpm={"window": WINDOW})
     poller.collect()
     time.sleep(WINDOW + 0.05)
     fake.command("hang", gpu=1, call="nvmlGpmSampleGet", seconds=1.5)
@@ -201,10 +201,7 @@ def test_a_kubelet_that_never_answers_delays_neither_scrapes_nor_collections(
     kubelet = PodResourcesServer(str(tmp_path / "kubelet.sock"), [gpu_pod("ns", "a", "0")])
     with kubelet:
         poller = make_poller(
-            interval=0.2,
-            kubernetes_timeout=2.0,
-            kubernetes_interval=1.0,
-            kubernetes_socket=kubelet.socket_path,
+            interval=0.2, kubernetes={"timeout": 2.0, "interval": 1.0, "socket": kubelet.socket_path}
         )
         poller.pods.watcher.refresh()
         poller.collect()
@@ -254,7 +251,7 @@ def test_a_socket_nobody_serves_is_unavailable_and_one_that_never_speaks_times_o
     make_poller: MakePoller, tmp_path: Path
 ) -> None:
     socket_path = str(tmp_path / "kubelet.sock")
-    poller = make_poller(kubernetes_timeout=0.3, kubernetes_socket=socket_path)
+    poller = make_poller(kubernetes={"timeout": 0.3, "socket": socket_path})
     with socket.socket(socket.AF_UNIX) as dead:
         dead.bind(socket_path)  # the file exists; nothing listens on it
         text = listed(poller)

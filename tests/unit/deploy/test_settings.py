@@ -14,12 +14,12 @@ import shlex
 from typing import Any
 
 import pytest
-from inferwatch.exporter.config import ENV_PREFIX, OPTIONS, ExporterConfig, parse_config
+from inferwatch.exporter.config import ENV_PREFIX, ExporterConfig, options, parse_config
 from inferwatch.instrumentation.demo import command as demo
 
 from tests.unit.deploy.support import DOCKER_DIR, VARIANTS, compose_config, parse_dockerfile
 
-KNOWN_VARIABLES = {option.env for option in OPTIONS}
+KNOWN_VARIABLES = {option.env for option in options()}
 
 
 def image_environment(dockerfile: str) -> dict[str, str]:
@@ -53,9 +53,10 @@ def test_the_compose_exporter_finds_the_demo_process(variant: str) -> None:
     # docker-compose prints `$$` (a literal `$`) escaped; the container gets one `$`.
     env = {key: value.replace("$$", "$") for key, value in env.items()}
     config = exporter_config(exporter.get("command", []), env)
-    assert config.enabled("processes") and config.name_pattern is not None
-    assert config.name_pattern.search("inferwatch")  # the demo's process name (its console script)
-    assert not config.name_pattern.search("inferwatch-expo")  # the exporter's own, cut to 15 characters
+    name_pattern = config.collector_settings["processes"].name_pattern
+    assert config.enabled("processes") and name_pattern is not None
+    assert name_pattern.search("inferwatch")  # the demo's process name (its console script)
+    assert not name_pattern.search("inferwatch-expo")  # the exporter's own, cut to 15 characters
 
 
 def _daemonset_container(build: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,7 +82,8 @@ def test_every_kubernetes_build_configures_the_exporter(kustomize_builds: dict) 
         mounted = {m["mountPath"] for m in container["volumeMounts"]}
         if "/var/lib/kubelet/pod-resources" in mounted:
             assert config.enabled("kubernetes"), name
-            assert os.path.dirname(config.kubernetes_socket) == "/var/lib/kubelet/pod-resources", name
+            socket = config.collector_settings["kubernetes"].socket
+            assert os.path.dirname(socket) == "/var/lib/kubelet/pod-resources", name
 
 
 def test_the_serving_image_runs_the_demo_on_its_exposed_port() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from inferwatch.exporter.collectors import REGISTRY
-from inferwatch.exporter.config import OPTIONS, build_parser, parse_config, parse_duration
+from inferwatch.exporter.config import build_parser, options, parse_config, parse_duration
 from inferwatch.exporter.errors import ConfigError
 
 
@@ -18,14 +18,12 @@ def test_defaults() -> None:
         True,
         True,
     ]
-    assert config.gpus == () and config.processes_max == 16
-    assert (config.enabled("gpm"), config.gpm_window) == (True, 1.0)
-    assert (
-        config.enabled("kubernetes")
-        and config.kubernetes_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
-    )
-    assert config.kubernetes_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
-    assert (config.kubernetes_timeout, config.kubernetes_interval) == (2.0, 10.0)
+    processes, gpm, kubernetes = (config.collector_settings[c] for c in ("processes", "gpm", "kubernetes"))
+    assert config.gpus == () and processes.max_processes == 16
+    assert (config.enabled("gpm"), gpm.window) == (True, 1.0)
+    assert config.enabled("kubernetes") and kubernetes.socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert kubernetes.resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+    assert (kubernetes.timeout, kubernetes.interval) == (2.0, 10.0)
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
@@ -42,31 +40,34 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
     [
         (["--web.listen-address", "[::1]:9000"], {}, "listen_host", "::1"),
         (["--web.listen-address", ":9000"], {}, "listen_port", 9000),
-        (["--processes.pid-file", "a", "--processes.pid-file", "b"], {}, "pid_files", ("a", "b")),
-        ([], {"INFERWATCH_EXPORTER_PROCESSES_PID_FILE": "a,b"}, "pid_files", ("a", "b")),
+        (["--processes.pid-file", "a", "--processes.pid-file", "b"], {}, "processes.pid_files", ("a", "b")),
+        ([], {"INFERWATCH_EXPORTER_PROCESSES_PID_FILE": "a,b"}, "processes.pid_files", ("a", "b")),
         (["--collector.timeout", "300ms"], {}, "timeout", 0.3),
         (["--log.level", "warn"], {}, "log_level", "warning"),
         (["--gpus", "all"], {}, "gpus", ()),
-        (["--collector.gpm.window", "250ms"], {}, "gpm_window", 0.25),
-        ([], {"INFERWATCH_EXPORTER_COLLECTOR_GPM_WINDOW": "100ms"}, "gpm_window", 0.1),
+        (["--collector.gpm.window", "250ms"], {}, "gpm.window", 0.25),
+        ([], {"INFERWATCH_EXPORTER_COLLECTOR_GPM_WINDOW": "100ms"}, "gpm.window", 0.1),
         (
             [],
             {"INFERWATCH_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET": "/k.sock"},
-            "kubernetes_socket",
+            "kubernetes.socket",
             "/k.sock",
         ),
         (
             ["--kubernetes.resources", "nvidia.com/gpu, example.com/vgpu-*"],
             {},
-            "kubernetes_resources",
+            "kubernetes.resources",
             ("nvidia.com/gpu", "example.com/vgpu-*"),
         ),
-        (["--kubernetes.timeout=500ms"], {}, "kubernetes_timeout", 0.5),
-        ([], {"INFERWATCH_EXPORTER_KUBERNETES_INTERVAL": "1m"}, "kubernetes_interval", 60),
+        (["--kubernetes.timeout=500ms"], {}, "kubernetes.timeout", 0.5),
+        ([], {"INFERWATCH_EXPORTER_KUBERNETES_INTERVAL": "1m"}, "kubernetes.interval", 60),
     ],
 )
 def test_values(argv: list[str], env: dict[str, str], field: str, expected: object) -> None:
-    assert getattr(parse_config(argv, env), field) == expected
+    """``field``: of the configuration, or ``COLLECTOR.FIELD`` of a collector's settings."""
+    config = parse_config(argv, env)
+    collector, _, name = field.rpartition(".")
+    assert getattr(config.collector_settings[collector] if collector else config, name) == expected
 
 
 @pytest.mark.parametrize(
@@ -167,7 +168,7 @@ def test_version_only() -> None:
 
 def test_every_option_has_its_variable_in_the_help() -> None:
     help_text = " ".join(build_parser().format_help().split())
-    for option in OPTIONS:
+    for option in options():
         assert option.flag in help_text
         assert option.env in help_text
 

@@ -76,7 +76,11 @@ def collect_the_scenario(make_poller: MakePoller, fake: Any, clock: ManualClock)
     """The normalised exposition of two collections of :data:`SCENARIO`, a GPM window apart."""
     fake.reset(**SCENARIO)
     poller = make_poller(
-        gpm_window=GPM_WINDOW, pcie_throughput=True, host=False, kubernetes=False, processes_max=4
+        gpm={"window": GPM_WINDOW},
+        pcie_throughput=True,
+        host=False,
+        kubernetes=False,
+        processes={"max_processes": 4},
     )
     poller.collect()  # opens the GPM windows
     clock.advance(GPM_WINDOW + 0.05)

@@ -34,7 +34,7 @@ def gpm_errors(text: str, call: str, error: str) -> float | None:
 def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     poller.collect()  # opens the window: no reading yet
     assert gpu_value(render(poller), "gpu_sm_active_ratio", 0) is None
 
@@ -65,7 +65,7 @@ def test_the_window_is_independent_of_the_poll_interval(
 ) -> None:
     # Polls every 40 ms for 1 s, far under NVML's 100 ms minimum: the samples stay a window apart, none
     # is NaN.
-    poller = make_poller(interval=0.04, gpm_window=0.3)
+    poller = make_poller(interval=0.04, gpm={"window": 0.3})
     for _ in range(25):
         poller.collect()
         clock.advance(0.04)
@@ -80,7 +80,7 @@ def test_a_gpu_without_gpm_reports_not_supported_once_and_has_no_series(
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, no_gpm=[1])
-    poller = make_poller(gpm_window=WINDOW, pcie_throughput=True)
+    poller = make_poller(gpm={"window": WINDOW}, pcie_throughput=True)
     collect_over_windows(poller, clock, 2)
     text = render(poller)
 
@@ -101,7 +101,7 @@ def test_nan_readings_are_left_out_and_counted(
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, gpm_nan=[0])
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     collect_over_windows(poller, clock)
     text = render(poller)
 
@@ -116,7 +116,7 @@ def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, failing={"nvmlGpmSampleGet": [0]})
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     collect_over_windows(poller, clock, 2)
     text = render(poller)
 
@@ -131,7 +131,7 @@ def test_a_failing_call_loses_only_the_gpm_series_of_its_gpu(
 def test_a_lost_gpu_opens_a_new_window_and_keeps_its_buffers(
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     collect_over_windows(poller, clock)
     assert fake.gpm_buffers_live() == 4  # two per GPU, for as long as the session lasts
 
@@ -154,7 +154,7 @@ def test_buffers_are_given_back_when_nvml_goes_and_when_the_exporter_stops(
     make_poller: MakePoller, fake: Any
 ) -> None:
     fake.reset(gpus=2, mig=[1])
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     poller.collect()
     assert fake.gpm_buffers_live() == 2 * 2 + 2 * 2  # each GPU, and GPU 1's two GPU instances
 
@@ -172,7 +172,7 @@ def test_mig_instances_have_their_own_series_and_a_removed_one_its_buffers_freed
     make_poller: MakePoller, fake: Any, clock: ManualClock
 ) -> None:
     fake.reset(gpus=2, mig=[1])
-    poller = make_poller(gpm_window=WINDOW)
+    poller = make_poller(gpm={"window": WINDOW})
     collect_over_windows(poller, clock)
     text = render(poller)
     assert gpu_value(text, "gpu_sm_active_ratio", 1, gpu_instance="1") == 0.30

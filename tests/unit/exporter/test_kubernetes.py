@@ -42,9 +42,8 @@ def kubelet(socket_path: str) -> Iterator[PodResourcesServer]:
 def k8s_poller(make_poller: MakePoller, socket_path: str) -> MakePoller:
     """Pollers that ask the stand-in kubelet, with a short List timeout."""
 
-    def make(**config: Any) -> Any:
-        config.setdefault("kubernetes_timeout", 0.5)
-        return make_poller(kubernetes_socket=socket_path, **config)
+    def make(kubernetes: dict[str, Any] | None = None, **config: Any) -> Any:
+        return make_poller(kubernetes={"timeout": 0.5, "socket": socket_path, **(kubernetes or {})}, **config)
 
     return make
 
@@ -137,7 +136,7 @@ def test_mig_devices_are_named_by_their_uuid_on_their_gpu(
 
 def test_resources_can_be_chosen(k8s_poller: MakePoller, kubelet: PodResourcesServer) -> None:
     kubelet.pods = [gpu_pod("ns", "a", "0"), gpu_pod("ns", "b", "1", resource="example.com/shared-gpu")]
-    poller = k8s_poller(kubernetes_resources=("example.com/*",))
+    poller = k8s_poller(kubernetes={"resources": ("example.com/*",)})
     assert pod_series(listed(poller)) == {("1", "", "example.com/shared-gpu", "ns", "b", "main")}
 
 
@@ -159,7 +158,8 @@ from inferwatch.exporter.exposition import Exposition
 from inferwatch.exporter.poller import Poller
 from tests.support import fake_nvml
 
-poller = Poller(ExporterConfig(kubernetes_socket=sys.argv[1]).switched(xid=False), fake_nvml, "test")
+config = ExporterConfig().with_settings("kubernetes", socket=sys.argv[1]).switched(xid=False)
+poller = Poller(config, fake_nvml, "test")
 poller.pods.watcher.refresh()
 poller.collect()
 text = Exposition(poller).render(None)[0].decode()
@@ -279,7 +279,7 @@ def test_processes_get_their_pod_from_the_cgroup_named_through_the_gpu_they_hold
         monkeypatch.setattr(cgroup, "PROC", str(tmp_path / "proc"))
         pid_file = tmp_path / "sidecar.pid"
         pid_file.write_text(str(sidecar.pid))
-        text = listed(k8s_poller(pid_files=(str(pid_file),)))
+        text = listed(k8s_poller(processes={"pid_files": (str(pid_file),)}))
     finally:
         sidecar.kill()
         sidecar.wait()

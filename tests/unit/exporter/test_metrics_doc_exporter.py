@@ -38,9 +38,9 @@ def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(
     poller = make_poller(
         xid=True,
         pcie_throughput=True,
-        pid_files=(str(pid_file),),
-        gpm_window=0.15,
-        kubernetes_socket=kubelet.socket_path,
+        processes={"pid_files": (str(pid_file),)},
+        gpm={"window": 0.15},
+        kubernetes={"socket": kubelet.socket_path},
     )
     with kubelet:
         poller.pods.watcher.refresh()

@@ -179,7 +179,7 @@ def test_a_failing_collector_loses_only_its_own_series(
 def test_gpu_process_series_are_capped_and_named_by_comm(make_poller: MakePoller, fake: Any) -> None:
     gone = 1 << 23  # above Linux's largest pid_max: no such process
     fake.reset(gpus=1, processes={0: [[gone + i, (i + 1) * GIB] for i in range(4)] + own_process()})
-    poller = make_poller(processes_max=2, gpu_processes=False)
+    poller = make_poller(processes={"max_processes": 2, "gpu_processes": False})
     poller.collect()
     text = render(poller)
     assert gpu_value(text, "gpu_processes", 0) == 5
@@ -194,7 +194,9 @@ def test_serving_processes_are_matched_by_pid_file_and_name(make_poller: MakePol
     pid_file = tmp_path / "server.pid"
     pid_file.write_text(f"{os.getpid()}\n")
     comm = own_comm()
-    poller = make_poller(pid_files=(str(pid_file),), name_pattern=re.compile(f"^{re.escape(comm)}$"))
+    poller = make_poller(
+        processes={"pid_files": (str(pid_file),), "name_pattern": re.compile(f"^{re.escape(comm)}$")}
+    )
     poller.collect()
     text = render(poller)
     labels = {"pid": str(os.getpid()), "comm": comm}
