@@ -15,7 +15,7 @@ from inferwatch.common.webconfig import check_reload, load_web_config
 
 from .config import ENV_PREFIX, PROG, ExporterConfig, parse_config
 from .errors import ConfigError, ListenError
-from .exposition import Exposition
+from .exposition import ScrapeRenderer
 from .nvml import load_binding
 from .poller import Poller
 from .server import ExporterServer
@@ -79,7 +79,7 @@ def _prepare(argv: Sequence[str] | None) -> int | tuple[ExporterConfig, Poller, 
         server = ExporterServer(
             config.listen_host,
             config.listen_port,
-            Exposition(poller),
+            ScrapeRenderer(poller),
             poller.ready,
             config.telemetry_path,
             web,

@@ -38,7 +38,7 @@ class Body(NamedTuple):
     gzipped: bool
 
 
-class Exposition:
+class ScrapeRenderer:
     """The body of a scrape, for the ``Accept`` and ``Accept-Encoding`` headers the scraper sent."""
 
     def __init__(self, poller: Poller) -> None:

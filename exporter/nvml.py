@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 
-from .samples import MetricSpec, Sample
+from .samples import FamilySpec, Sample
 from .selfmetrics import Tally
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class GpuContext:
     def index(self) -> int:
         return self.device.index
 
-    def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
+    def emit(self, spec: FamilySpec, value: float, *labels: str) -> None:
         self.samples.append(Sample(spec, self.device.labels + labels, float(value)))
 
     def read(

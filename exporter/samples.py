@@ -14,7 +14,7 @@ GPU_LABELS = ("gpu", "uuid")
 
 
 @dataclass(frozen=True, eq=False)
-class MetricSpec:
+class FamilySpec:
     """One metric family as users see it: counters are named with their ``_total`` suffix.
 
     Specs compare and hash by identity: each is defined once, next to the collector that fills it.
@@ -30,17 +30,17 @@ class MetricSpec:
             raise ValueError(f"{self.name}: counters, and only counters, end in _total")
 
 
-def gpu_gauge(name: str, help_: str, *labels: str) -> MetricSpec:
+def gpu_gauge(name: str, help_: str, *labels: str) -> FamilySpec:
     """A per-GPU gauge: ``gpu`` and ``uuid`` come first, then ``labels``."""
-    return MetricSpec(name, "gauge", help_, GPU_LABELS + labels)
+    return FamilySpec(name, "gauge", help_, GPU_LABELS + labels)
 
 
-def gpu_counter(name: str, help_: str, *labels: str) -> MetricSpec:
+def gpu_counter(name: str, help_: str, *labels: str) -> FamilySpec:
     """A per-GPU counter: ``gpu`` and ``uuid`` come first, then ``labels``."""
-    return MetricSpec(name, "counter", help_, GPU_LABELS + labels)
+    return FamilySpec(name, "counter", help_, GPU_LABELS + labels)
 
 
 class Sample(NamedTuple):
-    spec: MetricSpec
+    spec: FamilySpec
     labels: tuple[str, ...]
     value: float

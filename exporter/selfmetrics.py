@@ -11,31 +11,31 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from .samples import MetricSpec, Sample, gpu_gauge
+from .samples import FamilySpec, Sample, gpu_gauge
 
-NVML_UP = MetricSpec("inferwatch_nvml_up", "gauge", "1 when the NVML library is initialised, else 0.")
+NVML_UP = FamilySpec("inferwatch_nvml_up", "gauge", "1 when the NVML library is initialised, else 0.")
 GPU_UP = gpu_gauge(
     "gpu_up",
     "1 when the last collection read this GPU; 0 when it is lost, hung or NVML failed on it.",
 )
-BUILD_INFO = MetricSpec(
+BUILD_INFO = FamilySpec(
     "inferwatch_exporter_build_info", "gauge", "Version of the running exporter; always 1.", ("version",)
 )
-LAST_COLLECT = MetricSpec(
+LAST_COLLECT = FamilySpec(
     "inferwatch_exporter_last_collect_timestamp_seconds",
     "gauge",
     "Unix time the last collection finished; its age is the staleness of every series.",
 )
-COLLECT_DURATION = MetricSpec(
+COLLECT_DURATION = FamilySpec(
     "inferwatch_exporter_collect_duration_seconds", "gauge", "Wall time of the last collection."
 )
-COLLECTOR_SUCCESS = MetricSpec(
+COLLECTOR_SUCCESS = FamilySpec(
     "inferwatch_exporter_collector_success",
     "gauge",
     "1 when the collector ran without failing in the last collection (on every GPU it read), else 0.",
     ("collector",),
 )
-COLLECTOR_DURATION = MetricSpec(
+COLLECTOR_DURATION = FamilySpec(
     "inferwatch_exporter_collector_duration_seconds",
     "gauge",
     "Time one collector took in the last collection, summed over GPUs.",
@@ -49,18 +49,18 @@ GPU_COLLECT_DURATION = gpu_gauge(
     "inferwatch_exporter_gpu_collect_duration_seconds",
     "Wall time of the last complete read of this GPU (one poll of every NVML collector).",
 )
-OVERRUNS = MetricSpec(
+OVERRUNS = FamilySpec(
     "inferwatch_exporter_collection_overruns_total",
     "counter",
     "Collections still running when the next was due (reported by the watchdog as it happens).",
 )
-NVML_ERRORS = MetricSpec(
+NVML_ERRORS = FamilySpec(
     "inferwatch_exporter_nvml_errors_total",
     "counter",
     "Failed NVML calls by function and error; not_supported is counted once per GPU, then not retried.",
     ("call", "error"),
 )
-COLLECTOR_ERRORS = MetricSpec(
+COLLECTOR_ERRORS = FamilySpec(
     "inferwatch_exporter_collector_errors_total",
     "counter",
     "Failures of a collector other than NVML errors (per GPU for NVML collectors); its series were left out.",
@@ -74,7 +74,7 @@ class Tally:
     ``preset`` label sets are exported from the start at 0, so that ``increase()`` sees the first event.
     """
 
-    def __init__(self, spec: MetricSpec, preset: Iterable[tuple[str, ...]] = ()) -> None:
+    def __init__(self, spec: FamilySpec, preset: Iterable[tuple[str, ...]] = ()) -> None:
         self._spec = spec
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], int] = dict.fromkeys(preset, 0)
@@ -96,12 +96,12 @@ class Tally:
             yield Sample(self._spec, labels, float(count))
 
 
-RELOAD_OK = MetricSpec(
+RELOAD_OK = FamilySpec(
     "inferwatch_exporter_web_config_last_reload_successful",
     "gauge",
     "1 when the last SIGHUP reload of the web config file was applied (or none came yet), 0 if refused.",
 )
-RELOAD_OK_AT = MetricSpec(
+RELOAD_OK_AT = FamilySpec(
     "inferwatch_exporter_web_config_last_reload_success_timestamp_seconds",
     "gauge",
     "Unix time the web config in use was loaded (at start-up or by a SIGHUP reload).",

@@ -31,7 +31,7 @@ from inferwatch.common.negotiation import NotAcceptable
 from inferwatch.common.webconfig import BasicAuth, Credentials, WebConfig
 
 from .errors import ListenError
-from .exposition import Exposition
+from .exposition import ScrapeRenderer
 
 log = logging.getLogger(__name__)
 http_log = logging.getLogger(__name__ + ".http")
@@ -58,7 +58,7 @@ class ExporterServer:
         self,
         host: str,
         port: int,
-        exposition: Exposition,
+        exposition: ScrapeRenderer,
         ready: threading.Event,
         telemetry_path: str = "/metrics",
         web: WebConfig | None = None,

@@ -30,7 +30,7 @@ from pathlib import Path
 from inferwatch.common.lograte import RateLimit
 
 from .nvml import ERROR_TIMEOUT, NVML_GONE_CODES, NvmlSession, error_label, handle_key
-from .samples import MetricSpec, Sample, gpu_counter, gpu_gauge
+from .samples import FamilySpec, Sample, gpu_counter, gpu_gauge
 from .selfmetrics import Tally
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ XID_ERRORS = gpu_counter("gpu_xid_errors_total", "XID errors reported by the dri
 XID_LAST = gpu_gauge(
     "gpu_xid_last_timestamp_seconds", "Unix time of the last XID error with this code.", "xid"
 )
-XID_WATCHED = MetricSpec(
+XID_WATCHED = FamilySpec(
     "inferwatch_exporter_xid_watched_gpus", "gauge", "GPUs registered for XID events (0: none are watched)."
 )
 

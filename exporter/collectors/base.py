@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from inferwatch.common.clock import SYSTEM_CLOCK, Clock
 
-from ..samples import MetricSpec, Sample
+from ..samples import FamilySpec, Sample
 
 if TYPE_CHECKING:
     from ..nvml import GpuContext
@@ -43,7 +43,7 @@ class HostContext:
         self.clock = clock
         self.gpu_processes = gpu_processes
 
-    def emit(self, spec: MetricSpec, value: float, *labels: str) -> None:
+    def emit(self, spec: FamilySpec, value: float, *labels: str) -> None:
         self.samples.append(Sample(spec, labels, float(value)))
 
 

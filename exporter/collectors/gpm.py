@@ -19,13 +19,13 @@ from inferwatch.common.durations import parse_duration
 from ..gpm_samples import GPM_MIN_SECONDS, GpmState, gpm_buffers, gpm_metrics, gpm_sample
 from ..nvml import GpuContext
 from ..options import Option
-from ..samples import GPU_LABELS, MetricSpec, gpu_gauge
+from ..samples import GPU_LABELS, FamilySpec, gpu_gauge
 from .registry import Registration, register
 from .series import PCIE_RX, PCIE_TX
 
 
-def _activity(name: str, help_: str) -> MetricSpec:
-    return MetricSpec(
+def _activity(name: str, help_: str) -> FamilySpec:
+    return FamilySpec(
         name, "gauge", f"{help_}, over the GPM window (NVML GPM).", (*GPU_LABELS, "gpu_instance")
     )
 
@@ -52,7 +52,7 @@ NVLINK_RX = gpu_gauge(
 
 # NVML_GPM_METRIC_* ids (nvmlGpmMetricId_t, part of the C ABI). Activities come in percent, throughputs
 # in MiB/s.
-_ACTIVITIES: tuple[tuple[MetricSpec, int], ...] = (
+_ACTIVITIES: tuple[tuple[FamilySpec, int], ...] = (
     (SM_ACTIVE, 2),  # SM_UTIL
     (SM_OCCUPANCY, 3),  # SM_OCCUPANCY
     (TENSOR_ACTIVE, 5),  # ANY_TENSOR_UTIL
@@ -61,7 +61,7 @@ _ACTIVITIES: tuple[tuple[MetricSpec, int], ...] = (
     (FP32_ACTIVE, 12),  # FP32_UTIL
     (FP64_ACTIVE, 11),  # FP64_UTIL
 )
-_THROUGHPUTS: tuple[tuple[MetricSpec, int], ...] = (
+_THROUGHPUTS: tuple[tuple[FamilySpec, int], ...] = (
     (PCIE_TX, 20),  # PCIE_TX_PER_SEC
     (PCIE_RX, 21),  # PCIE_RX_PER_SEC
     (NVLINK_RX, 60),  # NVLINK_TOTAL_RX_PER_SEC

@@ -6,20 +6,20 @@ import os
 
 import psutil
 
-from ..samples import MetricSpec
+from ..samples import FamilySpec
 from .base import HostContext
 from .registry import Registration, register
 
-CPU_SECONDS = MetricSpec(
+CPU_SECONDS = FamilySpec(
     "host_cpu_seconds_total", "counter", "CPU time of all cores together, by mode.", ("mode",)
 )
-CPUS = MetricSpec("host_cpus", "gauge", "Logical CPUs.")
-MEMORY_TOTAL = MetricSpec("host_memory_total_bytes", "gauge", "Physical memory.")
-MEMORY_AVAILABLE = MetricSpec(
+CPUS = FamilySpec("host_cpus", "gauge", "Logical CPUs.")
+MEMORY_TOTAL = FamilySpec("host_memory_total_bytes", "gauge", "Physical memory.")
+MEMORY_AVAILABLE = FamilySpec(
     "host_memory_available_bytes", "gauge", "Memory available to new processes without swapping."
 )
 LOADS = tuple(
-    (MetricSpec(f"host_load{window}", "gauge", f"Load average over the last {window} min."), index)
+    (FamilySpec(f"host_load{window}", "gauge", f"Load average over the last {window} min."), index)
     for index, window in enumerate((1, 5, 15))
 )
 

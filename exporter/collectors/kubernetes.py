@@ -27,7 +27,7 @@ from ..kubernetes.podresources import PodResourcesWatcher
 from ..nvml import GpuContext, text
 from ..options import Option, bounded_duration
 from ..proc import process_name
-from ..samples import MetricSpec, gpu_gauge
+from ..samples import FamilySpec, gpu_gauge
 from .base import HostContext
 from .registry import Registration, register
 
@@ -44,7 +44,7 @@ POD_INFO = gpu_gauge(
     "pod",
     "container",
 )
-PROCESS_INFO = MetricSpec(
+PROCESS_INFO = FamilySpec(
     "inferwatch_process_kubernetes_info",
     "gauge",
     "The pod UID and container ID of a process from its cgroup; namespace, pod and container where the "

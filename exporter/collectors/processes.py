@@ -19,7 +19,7 @@ import psutil
 
 from ..options import Option, parse_bool, parse_count, parse_path_list, parse_pattern
 from ..proc import process_name
-from ..samples import MetricSpec
+from ..samples import FamilySpec
 from .base import HostContext
 from .gpu_processes import GpuProcessesCollector
 from .registry import Registration, register
@@ -27,17 +27,17 @@ from .registry import Registration, register
 log = logging.getLogger(__name__)
 
 _LABELS = ("pid", "comm")
-CPU_SECONDS = MetricSpec(
+CPU_SECONDS = FamilySpec(
     "inferwatch_process_cpu_seconds_total",
     "counter",
     "CPU time of a serving process, by mode (user, system).",
     (*_LABELS, "mode"),
 )
-RESIDENT_MEMORY = MetricSpec(
+RESIDENT_MEMORY = FamilySpec(
     "inferwatch_process_resident_memory_bytes", "gauge", "Resident memory of a serving process.", _LABELS
 )
-THREADS = MetricSpec("inferwatch_process_threads", "gauge", "OS threads of a serving process.", _LABELS)
-MATCHED = MetricSpec(
+THREADS = FamilySpec("inferwatch_process_threads", "gauge", "OS threads of a serving process.", _LABELS)
+MATCHED = FamilySpec(
     "inferwatch_processes_matched",
     "gauge",
     "Serving processes matched (including those beyond --processes.max, which get no series).",

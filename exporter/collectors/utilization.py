@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..firmware import firmware_reading
 from ..nvml import GpuContext, union_value
-from ..samples import MetricSpec, gpu_gauge
+from ..samples import FamilySpec, gpu_gauge
 from .registry import Registration, register
 
 GPU_UTILIZATION = gpu_gauge(
@@ -32,7 +32,7 @@ MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge(
 _GPU_UTILIZATION_SAMPLES = 1
 _MEMORY_UTILIZATION_SAMPLES = 2
 # (metric, firmware reading, sample type, attribute of the point reading nvmlUtilization_t)
-_KINDS: tuple[tuple[MetricSpec, str, int, str], ...] = (
+_KINDS: tuple[tuple[FamilySpec, str, int, str], ...] = (
     (GPU_UTILIZATION, "gpu_utilization_samples", _GPU_UTILIZATION_SAMPLES, "gpu"),
     (
         MEMORY_BANDWIDTH_UTILIZATION,

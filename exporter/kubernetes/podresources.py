@@ -26,7 +26,7 @@ from typing import Any
 
 from inferwatch.common.lograte import RateLimit
 
-from ..samples import MetricSpec, Sample
+from ..samples import FamilySpec, Sample
 from ..selfmetrics import Tally
 from .devices import DeviceRef, parse_device_id
 
@@ -46,18 +46,18 @@ MALFORMED = "malformed"  # an answer that does not decode, or with names no kube
 OTHER = "other"  # any other gRPC status, or a bug here
 ERRORS = (SOCKET_ABSENT, NO_GRPC, TIMEOUT, UNAVAILABLE, MALFORMED, OTHER)
 
-UP = MetricSpec(
+UP = FamilySpec(
     "inferwatch_exporter_kubernetes_up",
     "gauge",
     "1 when the last List of the kubelet's PodResources API answered and the answer was used, else 0.",
 )
-ERRORS_TOTAL = MetricSpec(
+ERRORS_TOTAL = FamilySpec(
     "inferwatch_exporter_kubernetes_errors_total",
     "counter",
     "Failed Lists of the kubelet's PodResources API, by error; there are no pod series meanwhile.",
     ("error",),
 )
-LIST_DURATION = MetricSpec(
+LIST_DURATION = FamilySpec(
     "inferwatch_exporter_kubernetes_list_duration_seconds",
     "gauge",
     "Wall time of the last List of the kubelet's PodResources API (a timed-out one: the timeout).",

@@ -30,7 +30,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 
 @dataclass(frozen=True)
-class _Snapshot:
+class Collection:
     time: float
     ttft_buckets: list[tuple[float, float]]
     generation_tokens: float
@@ -54,13 +54,13 @@ class LiveSummary:
     def _total(self, family_name: str, sample_name: str) -> float:
         return sum(s.value for s in self._samples(family_name) if s.name == sample_name)
 
-    def _snapshot(self) -> _Snapshot:
+    def _snapshot(self) -> Collection:
         buckets = sorted(
             (float(s.labels["le"]), s.value)
             for s in self._samples("llm_time_to_first_token_seconds")
             if s.name.endswith("_bucket")
         )
-        return _Snapshot(
+        return Collection(
             time=time.monotonic(),
             ttft_buckets=buckets,
             generation_tokens=self._total("llm_generation_tokens", "llm_generation_tokens_total"),

@@ -1,9 +1,9 @@
 """The answers of :func:`~.exposition.start_http_server`'s endpoint: within CPU budgets, from
 collections of the registry at most :data:`MAX_AGE` old (docs/serving.md, "The metrics endpoint").
 
-:class:`_Renderer` collects the registry and makes answers of it within the renderings' budget, in the
-serving process; :class:`_EndpointApp` answers requests within the request budget and the quiet-client
-rule, from a :class:`_Renderer` in the same thread or, in the endpoint's helper process
+:class:`Renderer` collects the registry and makes answers of it within the renderings' budget, in the
+serving process; :class:`EndpointApp` answers requests within the request budget and the quiet-client
+rule, from a :class:`Renderer` in the same thread or, in the endpoint's helper process
 (:mod:`.http_process`), from the collections the serving process sends.
 """
 
@@ -20,7 +20,7 @@ from inferwatch.common.httpserver import CpuBudget, Receive, Scope, Send, reques
 from inferwatch.common.negotiation import NotAcceptable
 from inferwatch.instrumentation.endpoint.rendering import (
     Collected,
-    Exposition,
+    Encoded,
     Variant,
     encode,
     method_not_allowed,
@@ -80,17 +80,17 @@ _CLIENTS_KEPT = 4096
 _RENDERS_KEPT = 8
 
 
-class _Snapshot:
+class Collection:
     """One collection of the registry, and the answers encoded from it so far, by variant."""
 
     def __init__(self, families: list[Metric], taken: float) -> None:
         self.families = families
         self.taken = taken  # the monotonic clock (one for every process) when the collection began
-        self.answers: dict[Variant, Exposition] = {}
+        self.answers: dict[Variant, Encoded] = {}
         self.cost = 0.0  # CPU seconds of the collection and of what was made of it in this process
         self.shipped: bytes | None = None  # the collection as sent to the helper process, once sent
 
-    def answer(self, variant: Variant) -> Exposition:
+    def answer(self, variant: Variant) -> Encoded:
         answer = self.answers.get(variant)
         if answer is None:
             families = self.families
@@ -105,14 +105,14 @@ class _Snapshot:
 class Rendering(NamedTuple):
     """An answer's body and headers, and what the endpoint says about the collection it came from."""
 
-    exposition: Exposition
-    taken: float  # when its collection began (:attr:`_Snapshot.taken`)
+    exposition: Encoded
+    taken: float  # when its collection began (:attr:`Collection.taken`)
     collected: bool  # whether it was collected for the request it answers
     cpu: float  # CPU seconds the answering thread spent making it (collecting, encoding)
 
 
 class Renderings(Protocol):
-    """Where :class:`_EndpointApp` gets its answers: the registry in this process (:class:`_Renderer`), or
+    """Where :class:`EndpointApp` gets its answers: the registry in this process (:class:`Renderer`), or
     the serving process's collections, in the endpoint's helper process (:mod:`.http_process`)."""
 
     async def rendering(self, variant: Variant) -> Rendering: ...
@@ -121,7 +121,7 @@ class Renderings(Protocol):
 T = TypeVar("T")
 
 
-class _Renderer:
+class Renderer:
     """Collections of the registry, and what is made of them, within the renderings' CPU budgets.
 
     A request gets an answer encoded from one collection of the registry that every variant (format,
@@ -146,7 +146,7 @@ class _Renderer:
         self._cpu = cpu  # the CPU of the thread that renders: the serving process's
         self._rendered = 0.0  # CPU seconds every collection and encoding took, together
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered, wall=clock)
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: Collection | None = None
         self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
 
     def _max_age(self) -> float:
@@ -159,7 +159,7 @@ class _Renderer:
         answer, snapshot, collected, cpu = self.use(lambda snapshot: snapshot.answer(variant))
         return Rendering(answer, snapshot.taken, collected, cpu)
 
-    def use(self, make: Callable[[_Snapshot], T]) -> tuple[T, _Snapshot, bool, float]:
+    def use(self, make: Callable[[Collection], T]) -> tuple[T, Collection, bool, float]:
         """``make`` of the last collection or of a new one, its CPU counted with the collection's; the
         collection, whether it was collected for this call, and the CPU seconds the call took."""
         started = self._cpu()
@@ -172,7 +172,7 @@ class _Renderer:
                 families = list(self._registry.collect())
                 if snapshot is not None:
                     self._costs.append(snapshot.cost)
-                snapshot = self._snapshot = _Snapshot(families, now)
+                snapshot = self._snapshot = Collection(families, now)
             made = make(snapshot)
         finally:
             spent = self._cpu() - started
@@ -185,16 +185,16 @@ class _Renderer:
         renderings' budget, so that collections for every request stop at the same share either way."""
         self._rendered += cpu
 
-    def reusable_until(self, snapshot: _Snapshot) -> float:
+    def reusable_until(self, snapshot: Collection) -> float:
         """Until when the last collection would be used again (its ``taken`` if it would not be now)."""
         if self._rendering.available():
             return snapshot.taken
         return snapshot.taken + self._max_age()
 
 
-class _EndpointApp:
+class EndpointApp:
     """:func:`start_http_server`'s app: the answers of :func:`make_asgi_app` within a CPU budget, from
-    collections at most :data:`MAX_AGE` old (:class:`_Renderer`).
+    collections at most :data:`MAX_AGE` old (:class:`Renderer`).
 
     A request waits while answers have used more than ``share`` of a core (:data:`CPU_SHARE` in the
     serving process; :data:`HELPER_CPU_SHARE` in the endpoint's helper process, counting everything its

@@ -8,11 +8,11 @@ listening socket, and keeps one thread of its own that only collects the registr
 
 * **the helper** (:func:`main`) runs the HTTP layer (:mod:`inferwatch.common.httpserver`: TLS, limits,
   the connection cap), basic auth (bcrypt checks included), the request budget and its quiet-client rule
-  (:class:`~.endpoint_app._EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
+  (:class:`~.endpoint_app.EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
   collection it got, which it uses until the serving process says it would collect again
   (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
 * **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
-  renderings' budgets (:class:`~.endpoint_app._Renderer`, charged with the helper's encodings too) and
+  renderings' budgets (:class:`~.endpoint_app.Renderer`, charged with the helper's encodings too) and
   sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
   again if it dies (the listening socket stays open in between: the kernel queues new connections), or
   if it stops answering: it pings the helper every :data:`PING_INTERVAL` and kills one that has not
@@ -62,10 +62,10 @@ from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import WebConfig, load_web_config
 from inferwatch.instrumentation.endpoint.app import (
     HELPER_CPU_SHARE,
+    Collection,
+    EndpointApp,
+    Renderer,
     Rendering,
-    _EndpointApp,
-    _Renderer,
-    _Snapshot,
 )
 from inferwatch.instrumentation.endpoint.rendering import Variant
 from inferwatch.instrumentation.endpoint.server import THREAD_NAME, WEB_CONFIG_ENV
@@ -137,7 +137,7 @@ class HelperService:
         self._sock = sock
         self._port: int = sock.getsockname()[1]
         self.restarts = HelperRestarts(registry)
-        self._renderer = _Renderer(self.restarts)
+        self._renderer = Renderer(self.restarts)
         self._debug = debug
         self._answered = 0.0  # time.monotonic() of the running helper's last answer to a ping
         self._unresponsive = False  # the running helper was killed for not answering
@@ -291,12 +291,10 @@ def _helper_command(
     listen_fd: int, control_fd: int, profiling: bool, multiprocess: bool
 ) -> tuple[list[str], dict[str, str]]:
     """``python -I`` running :func:`main`, and its environment: this process's, with this process's
-    ``sys.path`` for the helper to import from (less ``inferwatch run``'s bootstrap directory, whose
-    ``sitecustomize`` would instrument the helper)."""
-    from inferwatch.instrumentation.launcher.command import BOOTSTRAP_DIR
-
-    bootstrap = os.path.abspath(BOOTSTRAP_DIR)
-    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != bootstrap]
+    ``sys.path`` for the helper to import from. ``-I`` ignores ``PYTHONPATH``, so ``inferwatch run``'s
+    ``sitecustomize`` (imported at start-up only, before the path below is set) never instruments the
+    helper."""
+    path = list(sys.path)
     code = (
         f"import json, os, sys; sys.path[:] = json.loads(os.environ.pop({_PATH_ENV!r})); "
         "from inferwatch.instrumentation.endpoint.helper_process import main; sys.exit(main(sys.argv[1:]))"
@@ -306,7 +304,7 @@ def _helper_command(
     return command, {**os.environ, _PATH_ENV: json.dumps(path)}
 
 
-def _shipped(snapshot: _Snapshot) -> bytes:
+def _shipped(snapshot: Collection) -> bytes:
     """The collection as the helper gets it (:func:`~inferwatch.common.frames.pack_families`): the helper
     encodes every variant from it."""
     if snapshot.shipped is None:
@@ -387,7 +385,7 @@ class _RemoteRenderings:
 
     def __init__(self, channel: _Channel) -> None:
         self._channel = channel
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: Collection | None = None
         self._reusable_until = 0.0
         self._asking: asyncio.Future[bool] | None = None
         self._encoded = 0.0  # CPU seconds spent encoding since the last ask, charged to the renderings
@@ -422,7 +420,7 @@ class _RemoteRenderings:
         encoded, self._encoded = self._encoded, 0.0
         head, body = await self._channel.ask({"op": "collect", "taken": held, "encoded": encoded})
         if self._snapshot is None or head["taken"] != held:
-            self._snapshot = _Snapshot(unpack_families(body), head["taken"])
+            self._snapshot = Collection(unpack_families(body), head["taken"])
         self._reusable_until = head["reusable_until"]
         return bool(head["collected"])
 
@@ -458,7 +456,7 @@ async def _serve(
 ) -> None:
     reader, writer = await asyncio.open_connection(sock=control)
     channel = _Channel(reader, writer)
-    app = _EndpointApp(_RemoteRenderings(channel), share=HELPER_CPU_SHARE, whole_thread=True)
+    app = EndpointApp(_RemoteRenderings(channel), share=HELPER_CPU_SHARE, whole_thread=True)
     server = HttpServer(
         guarded(with_debug_routes(app, _forward_debug(channel, debug)), web),
         listener,

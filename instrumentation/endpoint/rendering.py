@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 _GZIP_LEVEL = 1
 
 
-class Exposition(NamedTuple):
+class Encoded(NamedTuple):
     """A rendered answer: body and headers (Content-Type, and Content-Encoding when compressed)."""
 
     body: bytes
@@ -78,19 +78,17 @@ def restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric
     return out
 
 
-def encode(collected: Collector, variant: Variant) -> Exposition:
+def encode(collected: Collector, variant: Variant) -> Encoded:
     encoder, content_type = choose_encoder(variant.media)
     body = encoder(collected)
     headers = [("Content-Type", content_type)]
     if variant.gzip:
         body = gzip.compress(body, compresslevel=_GZIP_LEVEL)
         headers.append(("Content-Encoding", "gzip"))
-    return Exposition(body, tuple(headers))
+    return Encoded(body, tuple(headers))
 
 
-def render(
-    registry: Collector, accept: str | None, accept_encoding: str | None, query: str = ""
-) -> Exposition:
+def render(registry: Collector, accept: str | None, accept_encoding: str | None, query: str = "") -> Encoded:
     """The exposition of ``registry``, collected now, as the request headers ask for it; ``name[]`` in
     the query string restricts it to the samples of those names, as with prometheus_client. Raises
     :class:`~inferwatch.common.negotiation.NotAcceptable` (before collecting) when ``Accept`` refuses
@@ -103,7 +101,7 @@ def render(
 
 def answer(
     registry: Collector, method: str, accept: str | None, accept_encoding: str | None, query: str = ""
-) -> tuple[HTTPStatus, Exposition]:
+) -> tuple[HTTPStatus, Encoded]:
     """The status and answer of a mounted app (WSGI or ASGI) to a request: :func:`render`'s for GET and
     HEAD, 406 when ``Accept`` refuses every format, 405 for other methods."""
     if method not in ("GET", "HEAD"):
@@ -114,9 +112,9 @@ def answer(
         return HTTPStatus.NOT_ACCEPTABLE, not_acceptable(refused)
 
 
-def method_not_allowed() -> Exposition:
-    return Exposition(b"Method not allowed\n", (("Content-Type", "text/plain"), ("Allow", "GET, HEAD")))
+def method_not_allowed() -> Encoded:
+    return Encoded(b"Method not allowed\n", (("Content-Type", "text/plain"), ("Allow", "GET, HEAD")))
 
 
-def not_acceptable(refused: NotAcceptable) -> Exposition:
-    return Exposition(f"{refused}\n".encode(), (("Content-Type", "text/plain"),))
+def not_acceptable(refused: NotAcceptable) -> Encoded:
+    return Encoded(f"{refused}\n".encode(), (("Content-Type", "text/plain"),))

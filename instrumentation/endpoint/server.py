@@ -52,7 +52,7 @@ from inferwatch.common.httpserver import (
 )
 from inferwatch.common.lograte import RateLimit
 from inferwatch.common.webconfig import load_web_config
-from inferwatch.instrumentation.endpoint.app import _EndpointApp, _Renderer
+from inferwatch.instrumentation.endpoint.app import EndpointApp, Renderer
 from inferwatch.instrumentation.endpoint.rendering import answer
 from inferwatch.instrumentation.profiling.http import DebugApp, with_debug_routes
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -299,7 +299,7 @@ def start_http_server(
             log.warning("metrics endpoint: %s; serving from a thread of this process instead", exc)
             thread = None
     if thread is None:
-        app = with_debug_routes(_EndpointApp(_Renderer(registry)), debug)
+        app = with_debug_routes(EndpointApp(Renderer(registry)), debug)
         thread = ServerThread(
             HttpServer(guarded(app, web), sock, log, ssl_context=web.ssl_context), THREAD_NAME
         )

@@ -13,7 +13,7 @@ from typing import Any
 from inferwatch.common.clock import Clock
 from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import ExporterConfig
-from inferwatch.exporter.exposition import Exposition
+from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.poller import Poller
 
 from tests.support import parse_samples
@@ -56,7 +56,7 @@ class Pollers:
 
 def render(poller: Poller) -> str:
     """The text a scrape of ``poller``'s exporter would return."""
-    return Exposition(poller).render(None)[0].decode()
+    return ScrapeRenderer(poller).render(None)[0].decode()
 
 
 def gpu_value(text: str, metric: str, gpu: int, /, **labels: str) -> float | None:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 
 from inferwatch.exporter.encoding import encode
-from inferwatch.exporter.samples import MetricSpec, Sample, gpu_counter, gpu_gauge
+from inferwatch.exporter.samples import FamilySpec, Sample, gpu_counter, gpu_gauge
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -18,7 +18,7 @@ GAUGE = gpu_gauge(
     "test_zone_info", 'A gauge whose help has a "quote", a \\ backslash\nand a newline.', "b", "a"
 )
 COUNTER = gpu_counter("test_events_total", "A counter.", "kind")
-BARE = MetricSpec("test_bare", "gauge", "No labels.")
+BARE = FamilySpec("test_bare", "gauge", "No labels.")
 AWKWARD = ('say "hi"', "back\\slash", "line\nbreak", "ünïcødé", "")
 VALUES = (0.0, 1.0, -2.5, 1e-9, 123456789.0, 1.5e300, math.inf, -math.inf, 4.2e21)
 
@@ -28,7 +28,7 @@ def reference(samples: list[Sample]) -> CollectorRegistry:
 
     class Families(Collector):
         def collect(self) -> Iterator[Metric]:
-            families: dict[MetricSpec, Metric] = {}
+            families: dict[FamilySpec, Metric] = {}
             for spec, labels, value in samples:
                 if spec not in families:
                     family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 from typing import Any
 
-from inferwatch.exporter.exposition import Exposition
+from inferwatch.exporter.exposition import ScrapeRenderer
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.support import sample_value
@@ -17,7 +17,7 @@ OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0
 def test_openmetrics_is_one_valid_document_with_the_exporters_own_process(make_poller: MakePoller) -> None:
     poller = make_poller()
     poller.collect()
-    body = Exposition(poller).render(OPENMETRICS)
+    body = ScrapeRenderer(poller).render(OPENMETRICS)
     assert body.content_type.startswith("application/openmetrics-text") and not body.gzipped
     text = body.data.decode()
     assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
@@ -28,7 +28,7 @@ def test_openmetrics_is_one_valid_document_with_the_exporters_own_process(make_p
 def test_the_cached_encoding_follows_every_change(make_poller: MakePoller, fake: Any) -> None:
     poller = make_poller()
     poller.collect()
-    exposition = Exposition(poller)
+    exposition = ScrapeRenderer(poller)
 
     def errors() -> float | None:
         text = exposition.render(None)[0].decode()
@@ -50,7 +50,7 @@ def test_each_variant_is_made_once_per_change_and_gzip_is_the_plain_body_compres
 ) -> None:
     poller = make_poller()
     poller.collect()
-    exposition = Exposition(poller)
+    exposition = ScrapeRenderer(poller)
     plain = exposition.render(OPENMETRICS)
     compressed = exposition.render(OPENMETRICS, "gzip")
     assert compressed.gzipped and gzip.decompress(compressed.data) == plain.data

@@ -154,7 +154,7 @@ def test_no_socket_means_no_pod_series_and_grpc_is_never_imported(tmp_path: Path
     script = """
 import json, sys
 from inferwatch.exporter.config import ExporterConfig
-from inferwatch.exporter.exposition import Exposition
+from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.poller import Poller
 from tests.support import fake_nvml
 
@@ -162,7 +162,7 @@ config = ExporterConfig().with_settings("kubernetes", socket=sys.argv[1]).switch
 poller = Poller(config, fake_nvml, "test")
 poller.pods.watcher.refresh()
 poller.collect()
-text = Exposition(poller).render(None)[0].decode()
+text = ScrapeRenderer(poller).render(None)[0].decode()
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "google"))
 print(json.dumps({"text": text, "loaded": loaded}))
 """

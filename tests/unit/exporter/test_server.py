@@ -19,7 +19,7 @@ import pytest
 from inferwatch.common.httpserver import ServerThread
 from inferwatch.common.webconfig import BasicAuth, WebConfig
 from inferwatch.exporter.errors import ListenError
-from inferwatch.exporter.exposition import Exposition
+from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.server import ExporterServer
 
 from tests.support import sample_value
@@ -58,7 +58,7 @@ def serve(make_poller: MakePoller) -> Iterator[Any]:
     def start(web: WebConfig | None = None) -> Running:
         poller = make_poller()
         poller.collect()
-        server = ExporterServer("127.0.0.1", 0, Exposition(poller), poller.ready, web=web)
+        server = ExporterServer("127.0.0.1", 0, ScrapeRenderer(poller), poller.ready, web=web)
         thread = ServerThread(server, "exporter-http")
         thread.start()
         threads.append(thread)

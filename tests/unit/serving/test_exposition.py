@@ -25,8 +25,8 @@ from inferwatch.instrumentation.endpoint.app import (
     REFRESH_SHARE,
     RENDER_BURST,
     RENDER_SHARE,
-    _EndpointApp,
-    _Renderer,
+    EndpointApp,
+    Renderer,
 )
 from inferwatch.instrumentation.endpoint.server import (
     HTTP_PROCESS_ENV,
@@ -390,7 +390,7 @@ def _collections(text: str) -> float | None:
 def test_every_variant_is_answered_from_one_collection_at_most_max_age_old() -> None:
     slow = _Slow(cpu=0.01)
     clock = ManualClock()  # the wall clock; the CPU is spent for real
-    app = _EndpointApp(_Renderer(slow, clock=clock), clock=clock)
+    app = EndpointApp(Renderer(slow, clock=clock), clock=clock)
     # Collected for each request until the renderings' budget is spent (its 50 ms burst: ~5 of these).
     for _ in range(10):
         headers, _ = _get(app, "text/plain", clock=clock)
@@ -448,8 +448,8 @@ def clocked() -> tuple[_Clock, _Costly, _Budget, Any]:
     """An endpoint app on clocks the test moves; its renderings' budget says what the test sets."""
     clock = _Clock()
     collector = _Costly(clock)
-    renderer = _Renderer(collector, clock=clock, cpu=clock.thread_time)
-    app = _EndpointApp(renderer, clock=clock, cpu=clock.thread_time)
+    renderer = Renderer(collector, clock=clock, cpu=clock.thread_time)
+    app = EndpointApp(renderer, clock=clock, cpu=clock.thread_time)
     rendering = _Budget(True)
     renderer._rendering = rendering  # type: ignore[assignment]
 
