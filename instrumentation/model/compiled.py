@@ -55,7 +55,7 @@ class CompiledPath:
 
         def compiled_forward(*args: Any, **kwargs: Any) -> Any:
             request = CURRENT_REQUEST.get()
-            run = None if request is None else request.decode_run
+            run = None if request is None else request.path.run
             if run is None or not model.active:
                 hid = self._hid_hooks
                 if (
@@ -106,7 +106,7 @@ class CompiledPath:
             or request.owner is not model
             or request.forwards < 2
             or not request.kv_static
-            or request.speculation is not None  # an assisted round's tokens are its criteria mark's
+            or request.path.rounds is not None  # an assisted round's tokens are its criteria mark's
             or not model.active
         ):
             return None

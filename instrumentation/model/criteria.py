@@ -51,10 +51,11 @@ def token_marking_criteria() -> type | None:
 
         def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
             request = self._request
-            if request.decode_run is None:
+            path = request.path
+            if path.run is None:
                 try:
-                    speculation = request.speculation  # an assisted round brings its kept tokens + 1
-                    tokens = 1 if speculation is None else speculation.round_tokens(input_ids.shape[-1])
+                    rounds = path.rounds  # an assisted round brings its kept tokens + 1
+                    tokens = 1 if rounds is None else rounds.round_tokens(input_ids.shape[-1])
                     if tokens:
                         request.mark_tokens(self._model.placement.label, tokens)
                 except Exception as exc:
@@ -111,7 +112,7 @@ def wrap_stopping_criteria(model: ModelContext, original: Any) -> Any:
     def get_stopping_criteria(*args: Any, **kwargs: Any) -> Any:
         criteria = original(*args, **kwargs)
         request = CURRENT_REQUEST.get()
-        if not model.active or request is None or request.owner is not model or request.marks_sampling:
+        if not model.active or request is None or request.owner is not model or request.path.marks_sampling:
             return criteria
         try:
             marking = token_marking_criteria()

@@ -133,7 +133,7 @@ class ForwardHooks:
         if torch.compiler.is_compiling() or not model.active or model.timed_around.get():
             return
         request = CURRENT_REQUEST.get()
-        if request is not None and request.decode_run is not None:  # timed from around the compiled call
+        if request is not None and request.path.run is not None:  # timed from around the compiled call
             return  # (the post-hook finds no start and returns too)
         try:
             placement = model.placement
@@ -187,7 +187,7 @@ class ForwardHooks:
                 read_bytes, flops = 0.0, footprint.prefill_flops(batch * new_tokens)
             # With sampled-token marks the criterion counts the tokens; else the forward's end does.
             owned = request is not None and request.owner is model
-            tokens = 1 if owned and not request.marks_sampling else 0
+            tokens = 1 if owned and not request.path.marks_sampling else 0
             if request is not None:
                 request.drain_batch()  # earlier steps, complete since generate's last synchronization
             # The end mark comes last: in a launch-bound step the device reaches it as soon as it is

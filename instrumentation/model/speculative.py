@@ -143,14 +143,14 @@ def wrap_candidate_generator(model: ModelContext, original: Any) -> Any:
             return generator
         # Until its rounds are followed, an assisted request makes no sampled-token marks: the tokens of a
         # round are unknown, and transformers may ask the criteria about candidates, which are no tokens.
-        request.speculation = UNFOLLOWED
+        request.count_rounds(UNFOLLOWED)
         try:
             speculation = Speculation(model, request.prompt_length)
             if (
                 wrap_method(generator, "get_candidates", speculation.wrap_get_candidates) is not None
                 and wrap_method(generator, "update_candidate_strategy", speculation.wrap_update) is not None
             ):
-                request.speculation = speculation
+                request.count_rounds(speculation)
         except Exception as exc:
             model.errors.report("speculative", exc)
         return generator

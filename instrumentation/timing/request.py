@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import dataclasses
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from inferwatch.instrumentation.device.worker import Lane
 from inferwatch.instrumentation.metrics.model_series import ModelSeries
@@ -110,6 +111,37 @@ class Step:
             observations.step_tokens(series, 0, self.processed)
 
 
+class Rounds(Protocol):
+    """An assisted generate's rounds as the stopping criteria count them (model.speculative)."""
+
+    def round_tokens(self, length: int) -> int:
+        """The tokens the round that made the sequence ``length`` long brought (0: not known)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestPath:
+    """How a request's tokens are timed: one typed value, replaced (never edited) by :class:`Request`'s
+    methods as generate settles, and read by the hooks (forward, criteria, compiled, speculative).
+
+    The three parts are independent: an assisted generate's rounds are counted by the criteria's marks,
+    and a compiled run can only begin for a request with no rounds.
+    """
+
+    #: Token times come from marks recorded after sampling (criteria.TokenMarkingCriteria), not forward
+    #: ends; the forwards bring none.
+    marks_sampling: bool = False
+    #: The decode steps generate runs through its compiled call, once their shapes are settled: timed from
+    #: around that call, the forward hooks stand aside.
+    run: DecodeRun | None = None
+    #: An assisted generate's rounds: how many tokens each brings.
+    rounds: Rounds | None = None
+
+
+#: Where every request starts: a token at each forward's end.
+FORWARD_ENDS = RequestPath()
+
+
 class DecodeRun:
     """The decode steps a request runs through generate's compiled call once its shapes are settled (from
     its third forward on, with a preallocated cache measured once): every step carries the same sequences
@@ -166,13 +198,8 @@ class Request:
         self.timeline = TokenTimeline(arrival_or_entry, arrival)
         self.prompt_length = prompt_length
         self.token_limit = token_limit
-        #: Token times come from marks recorded after sampling (criteria.TokenMarkingCriteria), not forward
-        #: ends: see :meth:`mark_tokens_at_sampling`.
-        self.marks_sampling = False
-        #: The decode steps generate runs through its compiled call, once their shapes are settled.
-        self.decode_run: DecodeRun | None = None
-        #: An assisted generate's rounds (speculative.Speculation): how many tokens each one brings.
-        self.speculation: Any = None
+        #: How its tokens are timed; changed only by the methods below.
+        self.path = FORWARD_ENDS
         self._anchored = False
         self.deadline = time.monotonic() + RESOLVE_DEADLINE_SECONDS
         self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)
@@ -221,11 +248,15 @@ class Request:
 
     def mark_tokens_at_sampling(self) -> None:
         """From now on generate's criteria mark each token after sampling; its forwards bring none."""
-        self.marks_sampling = True
+        self.path = dataclasses.replace(self.path, marks_sampling=True)
 
     def begin_run(self, run: DecodeRun) -> None:
         """From now on the request's decode steps are ``run``'s."""
-        self.decode_run = run
+        self.path = dataclasses.replace(self.path, run=run)
+
+    def count_rounds(self, rounds: Rounds) -> None:
+        """From now on the request is an assisted generate's, whose rounds bring ``rounds.round_tokens``."""
+        self.path = dataclasses.replace(self.path, rounds=rounds)
 
     def set_kv(self, size: KVCacheSize | None) -> None:
         if size != self._kv:
@@ -249,7 +280,7 @@ class Request:
 
     def drain(self) -> bool:
         """Observe every leading step whose end mark is complete; True when none is left pending."""
-        pending, clock, run, timeline = self._pending, self.clock, self.decode_run, self.timeline
+        pending, clock, run, timeline = self._pending, self.clock, self.path.run, self.timeline
         if (pending or (run is not None and run.marks)) and not self._anchored:
             if not self.mapping.ready():
                 return False
@@ -379,7 +410,7 @@ class Request:
             # A failed request: keep what already resolved, drop marks that may never be reached.
             self.drain()
             self._pending.clear()
-            self.decode_run = None
+            self.path = dataclasses.replace(self.path, run=None)
             self._resolved = True
             return True
         counts = self._counts
