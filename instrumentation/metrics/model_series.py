@@ -32,9 +32,6 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error", "oom")
 #: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
 HEARTBEAT_RESOLUTION_SECONDS = 0.1
 PHASES = ("prefill", "decode")
-#: A continuous-batching step that carries prompt and decode tokens together: its series appears with the
-#: first such step, so models served by generate alone do not show an empty one.
-MIXED_PHASE = "mixed"
 STEP_TOKEN_KINDS = ("prefill", "decode")
 KV_BLOCK_STATES = ("used", "prefix_cached", "total")
 

@@ -20,6 +20,7 @@ from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.support import sample_value
+from tests.support.generation import generate_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -88,18 +89,6 @@ def _prompt(batch: int, length: int, vocab: int, seed: int = 0) -> tuple[torch.T
     return ids, torch.ones_like(ids)
 
 
-def _generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **kwargs):
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            **kwargs,
-        )
-
-
 @pytest.mark.parametrize(("batch", "prompt_length"), [(1, 16), (1, 1024), (8, 512)])
 def test_ttft_and_itl_match_synchronized_ground_truth(large, batch, prompt_length) -> None:
     registry = CollectorRegistry()
@@ -107,7 +96,7 @@ def test_ttft_and_itl_match_synchronized_ground_truth(large, batch, prompt_lengt
     truth = GroundTruth(large)
     try:
         ids, mask = _prompt(batch, prompt_length, large.config.vocab_size)
-        _generate(large, ids, mask, 4)  # warm-up
+        generate_greedy(large, ids, mask, new_tokens=4)  # warm-up
         assert handle.flush()
         ttft_before = value(registry, "llm_time_to_first_token_seconds_sum", model="m")
         itl_sum_before = value(registry, "llm_inter_token_latency_seconds_sum", model="m")
@@ -117,7 +106,7 @@ def test_ttft_and_itl_match_synchronized_ground_truth(large, batch, prompt_lengt
         truth.ends.clear()
         torch.cuda.synchronize()
         entry = time.perf_counter()
-        _generate(large, ids, mask, 32, stopping_criteria=[truth])
+        generate_greedy(large, ids, mask, new_tokens=32, stopping_criteria=[truth])
         assert handle.flush()
     finally:
         truth.remove()
@@ -148,12 +137,12 @@ def test_naive_host_timing_is_wrong_and_inferwatch_is_not(large) -> None:
     naive = GroundTruth(large, synchronize=False)
     try:
         ids, mask = _prompt(8, 2048, large.config.vocab_size)
-        _generate(large, ids, mask, 2)
+        generate_greedy(large, ids, mask, new_tokens=2)
         assert handle.flush()
         before = value(registry, "llm_forward_seconds_sum", model="m", phase="prefill")
         naive.starts.clear()
         naive.ends.clear()
-        _generate(large, ids, mask, 2)
+        generate_greedy(large, ids, mask, new_tokens=2)
         assert handle.flush()
         inferwatch_prefill = value(registry, "llm_forward_seconds_sum", model="m", phase="prefill") - before
         naive_prefill = naive.ends[0] - naive.starts[0]
@@ -163,7 +152,7 @@ def test_naive_host_timing_is_wrong_and_inferwatch_is_not(large) -> None:
     # Ground truth for the same prefill, measured separately with synchronization.
     truth = GroundTruth(large)
     try:
-        _generate(large, ids, mask, 1)
+        generate_greedy(large, ids, mask, new_tokens=1)
         true_prefill = truth.ends[0] - truth.starts[0]
     finally:
         truth.remove()
@@ -213,18 +202,18 @@ class SyncCounter:
 
 def test_no_synchronizations_are_added(small) -> None:
     ids, mask = _prompt(4, 64, small.config.vocab_size)
-    _generate(small, ids, mask, 8)
+    generate_greedy(small, ids, mask, new_tokens=8)
     with SyncCounter() as plain:
-        _generate(small, ids, mask, 16)
+        generate_greedy(small, ids, mask, new_tokens=16)
     registry = CollectorRegistry()
     handle = instrument(
         small, model_name="m", registry=registry, config=InstrumentConfig(poll_interval_seconds=0.05)
     )
     try:
-        _generate(small, ids, mask, 8)
+        generate_greedy(small, ids, mask, new_tokens=8)
         assert handle.flush()
         with SyncCounter() as watched:
-            _generate(small, ids, mask, 16)
+            generate_greedy(small, ids, mask, new_tokens=16)
             assert handle.flush()
             time.sleep(0.2)  # let the background pollers run inside the counted window
     finally:
@@ -238,10 +227,10 @@ def test_no_synchronizations_are_added(small) -> None:
 
 def test_outputs_are_bit_identical(small) -> None:
     ids, mask = _prompt(4, 64, small.config.vocab_size)
-    plain = _generate(small, ids, mask, 24)
+    plain = generate_greedy(small, ids, mask, new_tokens=24)
     handle = instrument(small, model_name="m", registry=CollectorRegistry())
     try:
-        watched = _generate(small, ids, mask, 24)
+        watched = generate_greedy(small, ids, mask, new_tokens=24)
     finally:
         handle.remove()
     assert torch.equal(plain, watched)
@@ -271,11 +260,11 @@ def test_kv_bytes_match_allocator_growth(small) -> None:
 def test_static_cache_generate_compiles_with_hooks(small) -> None:
     """generate compiles the forward for static caches on CUDA; the hooks run between compiled regions."""
     ids, mask = _prompt(2, 32, small.config.vocab_size)
-    plain = _generate(small, ids, mask, 8, cache_implementation="static")
+    plain = generate_greedy(small, ids, mask, new_tokens=8, cache_implementation="static")
     registry = CollectorRegistry()
     handle = instrument(small, model_name="m", registry=registry)
     try:
-        watched = _generate(small, ids, mask, 8, cache_implementation="static")
+        watched = generate_greedy(small, ids, mask, new_tokens=8, cache_implementation="static")
         assert handle.flush()
     finally:
         handle.remove()
@@ -295,7 +284,7 @@ def test_background_readings_on_the_gpu(large) -> None:
         ids, mask = _prompt(4, 512, large.config.vocab_size)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            _generate(large, ids, mask, 32)
+            generate_greedy(large, ids, mask, new_tokens=32)
             busy = max(busy, value(registry, "llm_gpu_busy_ratio", model="m", device=device) or 0.0)
             if (
                 busy
@@ -327,7 +316,7 @@ def test_concurrent_generate_on_the_gpu(small) -> None:
         try:
             ids, mask = _prompt(2, 32 + seed, small.config.vocab_size, seed=seed)
             for _ in range(3):
-                _generate(small, ids, mask, 10 + seed)
+                generate_greedy(small, ids, mask, new_tokens=10 + seed)
         except BaseException as exc:
             failures.append(exc)
 

@@ -18,6 +18,7 @@ from inferwatch.instrumentation.endpoint.server import start_http_server
 from prometheus_client import CollectorRegistry
 
 from tests.support import http_get, sample_value
+from tests.support.generation import generate_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -37,12 +38,9 @@ def capped_model() -> Iterator[torch.nn.Module]:
         torch.cuda.empty_cache()
 
 
-def _generate(model: torch.nn.Module, batch: int, prompt_length: int, new_tokens: int) -> torch.Tensor:
-    ids = torch.randint(0, 256, (batch, prompt_length), device="cuda")
-    with torch.no_grad():
-        return model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
-        )
+def _random_prompt(batch: int, prompt_length: int) -> torch.Tensor:
+    """``batch`` rows of ``prompt_length`` random token ids, on the GPU."""
+    return torch.randint(0, 256, (batch, prompt_length), device="cuda")
 
 
 def test_real_oom_is_counted_reraised_and_serving_continues(capped_model) -> None:
@@ -50,14 +48,14 @@ def test_real_oom_is_counted_reraised_and_serving_continues(capped_model) -> Non
     handle = instrument(capped_model, model_name="m", registry=registry)
     server = start_http_server(port=0, addr="127.0.0.1", registry=registry)
     try:
-        _generate(capped_model, 1, 16, 4)
+        generate_greedy(capped_model, _random_prompt(1, 16), new_tokens=4, exact_length=False)
         with pytest.raises(torch.cuda.OutOfMemoryError) as raised:
-            _generate(capped_model, 64, 4096, 4)
+            generate_greedy(capped_model, _random_prompt(64, 4096), new_tokens=4, exact_length=False)
         # The original exception, untouched: its message is the allocator's own.
         assert "CUDA out of memory" in str(raised.value)
         del raised
         torch.cuda.empty_cache()
-        after = _generate(capped_model, 2, 32, 6)
+        after = generate_greedy(capped_model, _random_prompt(2, 32), new_tokens=6, exact_length=False)
         assert after.shape == (2, 38)
         assert handle.flush()
         status, text = http_get(server.url)

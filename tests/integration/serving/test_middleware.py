@@ -39,6 +39,7 @@ from starlette.routing import Route
 from transformers.generation.streamers import BaseStreamer
 
 from tests.support.asgi_server import serve_asgi
+from tests.support.generation import generate_greedy
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,8 @@ TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     model = build_model(MODEL_NAME)
-    _generate(model, "warm-up", None)  # first-call costs (lazy imports, allocator) outside the timings
+    # First-call costs (lazy imports, allocator) outside the timings.
+    generate_greedy(model, torch.tensor([encode_text("warm-up")]), new_tokens=MAX_NEW_TOKENS)
     return model
 
 
@@ -76,19 +78,6 @@ def handle(model: torch.nn.Module, registry: CollectorRegistry) -> Iterator[Inst
     handle = instrument(model, model_name=MODEL_NAME, registry=registry)
     yield handle
     handle.remove()
-
-
-def _generate(model: torch.nn.Module, prompt: str, streamer: BaseStreamer | None) -> torch.Tensor:
-    ids = torch.tensor([encode_text(prompt)])
-    # min_new_tokens keeps EOS out: every request streams exactly MAX_NEW_TOKENS tokens.
-    return model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=MAX_NEW_TOKENS,
-        min_new_tokens=MAX_NEW_TOKENS,
-        do_sample=False,
-        streamer=streamer,
-    )
 
 
 class QueueStreamer(BaseStreamer):
@@ -142,7 +131,9 @@ class Backend:
 
             def work() -> None:
                 try:
-                    _generate(self.model, prompt, streamer)
+                    # exact_length keeps EOS out: every request streams exactly MAX_NEW_TOKENS tokens.
+                    ids = torch.tensor([encode_text(prompt)])
+                    generate_greedy(self.model, ids, new_tokens=MAX_NEW_TOKENS, streamer=streamer)
                 except BaseException as exc:
                     streamer.fail(exc)
                     raise

@@ -9,6 +9,7 @@ import torch
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.timing.request import DRAIN_BATCH
 
+from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 pytestmark = pytest.mark.matrix
@@ -27,18 +28,13 @@ class RaiseOnDecode:
             raise self.error
 
 
-def _generate(model: torch.nn.Module) -> torch.Tensor:
-    ids, mask = batch_of("errors", "happen")
-    return model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-
-
 def test_model_exception_propagates_unchanged_and_is_counted(llama, registry, instrumented) -> None:
     handle = instrumented(llama, model_name="m")
     error = ValueError("the model broke")
     failing = RaiseOnDecode(llama.model.layers[0].mlp, error)
     try:
         with pytest.raises(ValueError) as caught:
-            _generate(llama)
+            generate_greedy(llama, *batch_of("errors", "happen"), new_tokens=4)
     finally:
         failing.handle.remove()
     assert caught.value is error
@@ -52,7 +48,7 @@ def test_model_exception_propagates_unchanged_and_is_counted(llama, registry, in
     assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m") == 0
     assert metric(registry, "llm_instrumentation_errors_total") is None
     # The model works again afterwards and is counted normally.
-    _generate(llama)
+    generate_greedy(llama, *batch_of("errors", "happen"), new_tokens=4)
     assert handle.flush()
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 1
 
@@ -70,7 +66,7 @@ def test_simulated_oom_is_counted_then_reraised(gpt2, registry, instrumented, er
     failing = RaiseOnDecode(gpt2.transformer.h[1].mlp, error, at_call=3)
     try:
         with pytest.raises(type(error)) as caught:
-            _generate(gpt2)
+            generate_greedy(gpt2, *batch_of("errors", "happen"), new_tokens=4)
     finally:
         failing.handle.remove()
     assert caught.value is error
@@ -116,7 +112,7 @@ def test_error_in_the_exit_path_is_contained(gpt2, registry, instrumented, monke
         raise RuntimeError("counting failed")
 
     monkeypatch.setattr(handle._instrumentation.generate, "_token_counts", broken)
-    out = _generate(gpt2)
+    out = generate_greedy(gpt2, *batch_of("errors", "happen"), new_tokens=4)
     assert out.shape[1] > 0
     assert handle.flush()
     assert metric(registry, "llm_instrumentation_errors_total", stage="generate_exit") == 1

@@ -8,14 +8,10 @@ from inferwatch.instrumentation import InstrumentConfig, instrument
 from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 
+from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 pytestmark = pytest.mark.matrix
-
-
-def _generate(model: torch.nn.Module) -> torch.Tensor:
-    ids, mask = batch_of("lifecycle")
-    return model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False)
 
 
 def test_remove_restores_the_model_completely(model, registry) -> None:
@@ -31,7 +27,7 @@ def test_remove_restores_the_model_completely(model, registry) -> None:
     assert dict(model._forward_pre_hooks) == pre_hooks and dict(model._forward_hooks) == hooks
     assert model._forward_hooks_with_kwargs == {} and model._forward_pre_hooks_with_kwargs == {}
     assert metric(registry, "llm_model_info") is None
-    _generate(model)
+    generate_greedy(model, *batch_of("lifecycle"), new_tokens=3)
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 0
     handle.remove()  # idempotent
 
@@ -40,13 +36,13 @@ def test_instrument_is_idempotent(llama, registry, instrumented) -> None:
     handle = instrumented(llama, model_name="m")
     assert instrument(llama, model_name="m", registry=registry) is handle
     assert len(llama._forward_hooks) == 1 and len(llama._forward_pre_hooks) == 1
-    _generate(llama)
+    generate_greedy(llama, *batch_of("lifecycle"), new_tokens=3)
     assert handle.flush()
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 1  # counted once
     handle.remove()
     again = instrumented(llama, model_name="m")
     assert again is not handle and again.active
-    _generate(llama)
+    generate_greedy(llama, *batch_of("lifecycle"), new_tokens=3)
     assert again.flush()
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 2
 
@@ -73,7 +69,7 @@ def test_an_instance_generate_attribute_is_wrapped_and_restored(gpt2, registry) 
     gpt2.generate = user_wrapper
     try:
         handle = instrument(gpt2, model_name="m", registry=registry)
-        _generate(gpt2)
+        generate_greedy(gpt2, *batch_of("lifecycle"), new_tokens=3)
         assert handle.flush() and calls == [1]
         assert metric(registry, "llm_requests_total", model="m", status="ok") == 1
         handle.remove()
@@ -122,7 +118,7 @@ def test_instrumentation_follows_the_model_when_cast_after_instrument(registry, 
     instrumented(model, model_name="m")
     assert metric(registry, "llm_model_info", model="m", dtype="float32") == 1
     model.to(torch.float64)
-    _generate(model)
+    generate_greedy(model, *batch_of("lifecycle"), new_tokens=3)
     assert metric(registry, "llm_model_info", model="m", dtype="float32") is None
     assert metric(registry, "llm_model_info", model="m", dtype="float64", device="cpu") == 1
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 1

@@ -23,8 +23,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from tests.support.batching import small_page_pool
 from tests.unit.instrumentation.conftest import batch_of
-from tests.unit.instrumentation.test_compiled import compiled_generation_config
-from tests.unit.instrumentation.test_generate import EosSchedule
+from tests.unit.instrumentation.model.test_compiled import compiled_generation_config
+from tests.unit.instrumentation.model.test_generate import EosSchedule
 
 pytestmark = pytest.mark.matrix
 

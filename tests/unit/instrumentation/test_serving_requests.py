@@ -18,11 +18,15 @@ from inferwatch.instrumentation.tracking import track_request
 from transformers import StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape, wait_forgotten
 
 pytestmark = pytest.mark.matrix
 
 LIVE_FAMILIES = ("llm_model_info", "llm_requests_running", "llm_requests_waiting", "llm_kv_cache_bytes")
+
+#: The prompt of every request here: its ``input_ids`` and ``attention_mask``.
+HELLO = batch_of("hello")
 
 
 class _GenerationCancelled(Exception):
@@ -45,17 +49,12 @@ class CancellingStreamer(BaseStreamer):
         pass
 
 
-def _generate(model: torch.nn.Module, new_tokens: int = 4, **kwargs) -> torch.Tensor:
-    ids, mask = batch_of("hello")
-    return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **kwargs)
-
-
 def test_an_instrumented_model_is_freed_and_its_live_series_go_with_it(registry) -> None:
     refs = []
     for seed in range(3):
         model = build_model("tiny-llama", seed=seed)
         handle = instrument(model, model_name="m", registry=registry)
-        _generate(model)
+        generate_greedy(model, *HELLO, new_tokens=4, exact_length=False)
         assert handle.flush()
         assert metric(registry, "llm_requests_total", model="m", status="ok") == seed + 1
         assert 'llm_model_info{device="cpu"' in scrape(registry)
@@ -79,18 +78,20 @@ def test_live_series_stay_while_another_model_of_the_name_lives(registry) -> Non
     del first
     gc.collect()
     assert 'llm_requests_running{model="m"} 0.0' in scrape(registry)
-    _generate(second)
+    generate_greedy(second, *HELLO, new_tokens=4, exact_length=False)
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 1
 
 
 def test_a_cancelled_generate_is_cancelled_not_an_error_and_its_tokens_count(model, registry, instrumented):
     handle = instrumented(model, model_name="m")
     with pytest.raises(_GenerationCancelled):
-        _generate(model, new_tokens=10, streamer=CancellingStreamer(after=3))
+        generate_greedy(
+            model, *HELLO, new_tokens=10, exact_length=False, streamer=CancellingStreamer(after=3)
+        )
     assert handle.flush()
     assert metric(registry, "llm_requests_total", model="m", status="cancelled") == 1
     assert metric(registry, "llm_requests_total", model="m", status="error") == 0
-    assert metric(registry, "llm_prompt_tokens_total", model="m") == batch_of("hello")[1].sum()
+    assert metric(registry, "llm_prompt_tokens_total", model="m") == HELLO[1].sum()
     # Tokens 1..3 were streamed; the 4th was sampled before the streamer refused it.
     assert metric(registry, "llm_generation_tokens_total", model="m") in (3, 4)
     assert metric(registry, "llm_time_to_first_token_seconds_count", model="m") == 1
@@ -104,7 +105,7 @@ def test_keyboard_interrupt_stays_an_error(model, registry, instrumented) -> Non
 
     handle = instrumented(model, model_name="m")
     with pytest.raises(KeyboardInterrupt):
-        _generate(model, streamer=Interrupting(after=0))
+        generate_greedy(model, *HELLO, new_tokens=4, exact_length=False, streamer=Interrupting(after=0))
     assert handle.flush()
     assert metric(registry, "llm_requests_total", model="m", status="error") == 1
     assert metric(registry, "llm_requests_total", model="m", status="cancelled") == 0
@@ -115,9 +116,11 @@ def test_ttft_and_e2e_start_at_the_arrival_and_the_queue_time_is_observed(model,
     with request_arrival(time.perf_counter() - 0.5) as arrival:
         handle.count_waiting(arrival)
         assert metric(registry, "llm_requests_waiting", model="m") == 1
-        _generate(model)
+        generate_greedy(model, *HELLO, new_tokens=4, exact_length=False)
         assert metric(registry, "llm_requests_waiting", model="m") == 0
-        _generate(model)  # a second generate for the same server request: timed from its own entry
+        generate_greedy(
+            model, *HELLO, new_tokens=4, exact_length=False
+        )  # a second generate for the same server request: timed from its own entry
     assert handle.flush()
     assert metric(registry, "llm_request_queue_seconds_count", model="m") == 1
     assert metric(registry, "llm_request_queue_seconds_sum", model="m") >= 0.5
@@ -139,7 +142,11 @@ def test_the_arrival_follows_generate_into_a_worker_thread(model, registry, inst
     handle = instrumented(model, model_name="m")
     propagate_to_threads()
     with request_arrival(time.perf_counter() - 0.5):
-        worker = threading.Thread(target=_generate, args=(model,))
+        worker = threading.Thread(
+            target=generate_greedy,
+            args=(model, *HELLO),
+            kwargs={"new_tokens": 4, "exact_length": False},
+        )
         worker.start()
         worker.join()
     assert handle.flush()
@@ -155,9 +162,9 @@ def test_a_tracked_request_takes_an_explicit_arrival(registry) -> None:
 
 def test_token_marks_leave_the_callers_stopping_criteria_and_outputs_alone(model, registry, instrumented):
     criteria = StoppingCriteriaList()
-    bare = _generate(model, new_tokens=5, stopping_criteria=criteria)
+    bare = generate_greedy(model, *HELLO, new_tokens=5, exact_length=False, stopping_criteria=criteria)
     handle = instrumented(model, model_name="m")
-    marked = _generate(model, new_tokens=5, stopping_criteria=criteria)
+    marked = generate_greedy(model, *HELLO, new_tokens=5, exact_length=False, stopping_criteria=criteria)
     assert handle.flush()
     assert torch.equal(bare, marked)
     assert len(criteria) == 0
@@ -173,7 +180,7 @@ def test_token_marks_ride_on_generates_own_criteria_which_copy_as_a_plain_list(m
         return built[-1]
 
     model._get_stopping_criteria = keeping
-    _generate(model, new_tokens=4)
+    generate_greedy(model, *HELLO, new_tokens=4, exact_length=False)
     model._get_stopping_criteria = ours
     (criteria,) = built
     assert type(criteria).__name__ == "TokenMarkingCriteria" and isinstance(criteria, StoppingCriteriaList)

@@ -66,7 +66,7 @@ def test_one_set_of_families_per_registry() -> None:
 
 def test_error_stages_are_a_documented_fixed_set() -> None:
     used = set()
-    for path in (REPO_ROOT / "instrumentation").glob("*.py"):
+    for path in (REPO_ROOT / "instrumentation").rglob("*.py"):
         used |= set(re.findall(r'\.report\(\s*"(\w+)"', path.read_text(encoding="utf-8")))
     assert used and used <= set(STAGES)
     meaning = _doc_rows()["llm_instrumentation_errors_total"][4]
