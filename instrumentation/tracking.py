@@ -23,11 +23,11 @@ from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.device.hardware import device_label
 from inferwatch.instrumentation.device.worker import BACKGROUND
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
-from inferwatch.instrumentation.metrics.model_series import STATUSES, series_for
+from inferwatch.instrumentation.metrics.model_series import series_for
+from inferwatch.instrumentation.metrics.vocabulary import STATUSES, Status
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
 from inferwatch.instrumentation.timing.clock import Known, clock_for
-from inferwatch.instrumentation.timing.outcomes import failure_status
-from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request
+from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.timing.tokens import LiveTokens
 from prometheus_client import CollectorRegistry
 
@@ -101,7 +101,7 @@ class RequestTracker:
         except Exception as exc:
             self._errors.report("track", exc)
 
-    def finish(self, status: str = "ok") -> None:
+    def finish(self, status: Status = "ok") -> None:
         """End the request now with ``status`` (see ``llm_requests_total``: ok, error, oom, cancelled,
         rejected, server_error); leaving the block does it otherwise."""
         if status not in STATUSES:

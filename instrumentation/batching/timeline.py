@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from inferwatch.instrumentation.metrics.observations import Observations
+from inferwatch.instrumentation.metrics.vocabulary import ForwardPhase, Status
 from inferwatch.instrumentation.model.context import ModelContext
-from inferwatch.instrumentation.timing.outcomes import failure_status
-from inferwatch.instrumentation.timing.request import RESOLVE_DEADLINE_SECONDS
+from inferwatch.instrumentation.timing.request import RESOLVE_DEADLINE_SECONDS, failure_status
 from inferwatch.instrumentation.timing.timeline import AnchorMapping, TokenTimeline
 
 #: A CUDA anchor maps later events onto the host clock through a float32 elapsed time: a fresh one every
@@ -79,7 +79,7 @@ class _Step:
         self.end_host = 0.0
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> ForwardPhase:
         if self.prefill_tokens and self.decode_tokens:
             return "mixed"
         return "decode" if self.decode_tokens else "prefill"
@@ -101,7 +101,7 @@ class _Composition:
 class _Finish:
     __slots__ = ("at", "generated", "request_id", "status")
 
-    def __init__(self, request_id: str, status: str, generated: int | None, at: float) -> None:
+    def __init__(self, request_id: str, status: Status, generated: int | None, at: float) -> None:
         self.request_id = request_id
         self.status = status
         self.generated = generated  # from the delivered output; None: the tokens seen (cancelled)
@@ -186,7 +186,7 @@ class BatchTimeline:
                 self._finish(output.request_id, status, len(output.generated_tokens))
         self.drain()
 
-    def _finish(self, request_id: str, status: str, generated: int | None) -> None:
+    def _finish(self, request_id: str, status: Status, generated: int | None) -> None:
         at = time.perf_counter()
         with self._lock:
             tracked = self._requests.get(request_id)

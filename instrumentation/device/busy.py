@@ -32,19 +32,19 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-#: ``llm_gpu_busy_unavailable{reason}`` values.
-NVML_DISABLED = "nvml_disabled"
-NVML_UNAVAILABLE = "nvml_unavailable"
-NOT_SUPPORTED = "not_supported"
-PROCESS_NOT_VISIBLE = "process_not_visible"
-PROCESS_AMBIGUOUS = "process_ambiguous"
+from inferwatch.instrumentation.metrics.vocabulary import (
+    NOT_SUPPORTED,
+    PROCESS_AMBIGUOUS,
+    PROCESS_NOT_VISIBLE,
+    SOURCE_DEVICE,
+    SOURCE_PROCESS,
+    BusySource,
+    BusyUnavailable,
+)
 
 #: The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO).
 _INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 
-SOURCE_PROCESS = "process"
-SOURCE_DEVICE = "device"
-SOURCES = (SOURCE_PROCESS, SOURCE_DEVICE)
 
 # nvmlSamplingType_t: NVML_GPU_UTILIZATION_SAMPLES.
 _GPU_UTILIZATION_SAMPLES = 1
@@ -54,7 +54,7 @@ class BusyReading(NamedTuple):
     """The share of the last window the GPU ran this process's kernels, and where it came from."""
 
     ratio: float
-    source: str
+    source: BusySource
 
 
 def own_pids(status_path: str = "/proc/self/status") -> frozenset[int]:
@@ -117,7 +117,7 @@ class BusyMeter:
         self._unsupported: set[str] = set()  # the NVML calls this GPU answered NOT_SUPPORTED
         self._device_figure: float | None = None
 
-    def read(self, process_pids: set[int]) -> BusyReading | str:
+    def read(self, process_pids: set[int]) -> BusyReading | BusyUnavailable:
         """The reading for a poll whose compute processes are ``process_pids``, or why there is none.
 
         Raises what NVML raises other than "not supported" (counted by the caller, retried next poll)."""

@@ -13,6 +13,7 @@ from typing import Any
 from inferwatch.instrumentation.device import busy
 from inferwatch.instrumentation.device.hardware import DeviceIdentity
 from inferwatch.instrumentation.metrics import catalogue as cat
+from inferwatch.instrumentation.metrics import vocabulary
 from inferwatch.instrumentation.metrics.catalogue import Metrics
 from inferwatch.instrumentation.metrics.containment import logger
 from inferwatch.instrumentation.metrics.model_series import drop_gauge
@@ -61,7 +62,7 @@ class NvmlPoller:
             self._nvml.nvmlInit()
         except Exception as exc:
             self._disabled = True
-            self._busy_unavailable(busy.NVML_UNAVAILABLE)
+            self._busy_unavailable(vocabulary.NVML_UNAVAILABLE)
             logger.info("inferwatch: NVML unavailable (%s); llm_nvml_* metrics are off", exc)
             return False
         nvml = self._nvml
@@ -85,7 +86,7 @@ class NvmlPoller:
         self._read("memory", self._read_memory)
         self._read("processes", self._read_processes)
         if "processes" in self._unsupported:
-            self._busy_unavailable(busy.NOT_SUPPORTED)
+            self._busy_unavailable(vocabulary.NOT_SUPPORTED)
         if self.peak_bandwidth is None:
             self._read("bandwidth", self._read_peak_bandwidth)
 

@@ -16,24 +16,34 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferwatch.instrumentation.device.busy import SOURCES
 from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.catalogue import Metrics
 from inferwatch.instrumentation.metrics.observations import Observations, observe_many
-from inferwatch.instrumentation.model.kvcache import KVCacheSize
+from inferwatch.instrumentation.metrics.vocabulary import (
+    BUSY_SOURCES,
+    FINISH_REASONS,
+    KV_BLOCK_STATES,
+    PHASES,
+    STATUSES,
+    STEP_TOKEN_KINDS,
+    ForwardPhase,
+)
 from prometheus_client import Gauge
 
-#: A finished request's ``status``: the four a model's request ends with, then the two of a request the
-#: server answered before any model ran (arrival.py's middleware): a client mistake, a server failure.
-STATUSES = ("ok", "error", "oom", "cancelled", "rejected", "server_error")
-#: Why a request a model ran ended (``finish_reason``, as the OpenAI API's).
-FINISH_REASONS = ("stop", "length", "cancelled", "error", "oom")
 #: The heartbeat answers "has the engine stalled for seconds?"; writing the gauge on every forward cost
 #: ~18 µs a step on the CPU (docs/benchmarks.md) for a resolution nobody alerts on.
 HEARTBEAT_RESOLUTION_SECONDS = 0.1
-PHASES = ("prefill", "decode")
-STEP_TOKEN_KINDS = ("prefill", "decode")
-KV_BLOCK_STATES = ("used", "prefix_cached", "total")
+
+
+@dataclass(frozen=True)
+class KVCacheSize:
+    """What one request's KV cache holds on the device (model.kvcache measures it from shapes)."""
+
+    bytes: int
+    #: Bytes one cached token of one sequence takes, over all layers, keys and values.
+    bytes_per_token: float
+    #: Preallocated token slots (static caches: max_cache_len x batch); None for growing caches.
+    capacity_tokens: int | None
 
 
 @dataclass
@@ -203,7 +213,7 @@ class ModelSeries:
         return self._totals.bytes_per_token
 
     def add_forwards(
-        self, device: str, phase: str, durations: list[float], read_bytes: float, flops: float
+        self, device: str, phase: ForwardPhase, durations: list[float], read_bytes: float, flops: float
     ) -> None:
         """Account resolved forwards of one phase on one device: ``read_bytes`` is what the decode steps
         among them read, ``flops`` what the prefills computed; a mixed step counts in the busy time only
@@ -306,7 +316,7 @@ _LIVE_GAUGES: tuple[tuple[cat.MetricSpec, tuple[str | tuple[str, ...], ...]], ..
     (cat.KV_CACHE_HEADROOM_TOKENS, ()),
     (cat.KV_CACHE_BLOCKS, (KV_BLOCK_STATES,)),
     (cat.LAST_STEP, ()),
-    (cat.GPU_BUSY, (_BY_DEVICE, SOURCES)),
+    (cat.GPU_BUSY, (_BY_DEVICE, BUSY_SOURCES)),
     (cat.FORWARD_TIME_RATIO, (_BY_DEVICE,)),
     (cat.DECODE_BANDWIDTH, (_BY_DEVICE,)),
     (cat.PREFILL_FLOPS, (_BY_DEVICE,)),

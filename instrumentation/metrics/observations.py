@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inferwatch.instrumentation.metrics.model_series import ModelSeries
+    from inferwatch.instrumentation.metrics.vocabulary import ForwardPhase
 
 
 def _bucket_layout(histogram: Any) -> tuple[list[float], list[Any], Any] | None:
@@ -104,7 +105,13 @@ class Observations:
         self._repeated[key] = self._repeated.get(key, 0) + count
 
     def forward(
-        self, series: ModelSeries, device: str, phase: str, seconds: float, read_bytes: float, flops: float
+        self,
+        series: ModelSeries,
+        device: str,
+        phase: ForwardPhase,
+        seconds: float,
+        read_bytes: float,
+        flops: float,
     ) -> None:
         """A resolved forward (see :meth:`ModelSeries.add_forwards`)."""
         self.forwards(series, device, phase, [seconds], read_bytes, flops)
@@ -113,7 +120,7 @@ class Observations:
         self,
         series: ModelSeries,
         device: str,
-        phase: str,
+        phase: ForwardPhase,
         durations: list[float],
         read_bytes: float = 0.0,
         flops: float = 0.0,

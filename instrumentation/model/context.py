@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.device.busy import NVML_DISABLED, BusyReading
+from inferwatch.instrumentation.device.busy import BusyReading
 from inferwatch.instrumentation.device.hardware import (
     DeviceIdentity,
     Footprint,
@@ -34,6 +34,7 @@ from inferwatch.instrumentation.device.pollers import CudaAllocatorPoller, Model
 from inferwatch.instrumentation.device.worker import Lane, Worker
 from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.model_series import drop_gauge, series_for
+from inferwatch.instrumentation.metrics.vocabulary import NVML_DISABLED
 from inferwatch.instrumentation.timing.clock import Clock, clock_for
 
 

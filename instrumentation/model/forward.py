@@ -15,8 +15,9 @@ import time
 from typing import Any, NamedTuple
 
 import torch
+from inferwatch.instrumentation.metrics.model_series import KVCacheSize
 from inferwatch.instrumentation.model.context import ModelContext, Placement
-from inferwatch.instrumentation.model.kvcache import KVCacheSize, measure, output_cache
+from inferwatch.instrumentation.model.kvcache import measure, output_cache
 from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, LooseForward, Step
 
 #: A request's KV cache is measured after its prefill, its first decode step and then every this many

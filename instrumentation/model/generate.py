@@ -14,8 +14,7 @@ from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.speculative import drafts_for_another, generate_as_draft
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
 from inferwatch.instrumentation.timing.clock import Fetched
-from inferwatch.instrumentation.timing.outcomes import failure_status
-from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request
+from inferwatch.instrumentation.timing.request import CURRENT_REQUEST, Request, failure_status
 from inferwatch.instrumentation.timing.tokens import (
     LiveTokens,
     every_row_generates,

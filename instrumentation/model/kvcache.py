@@ -9,23 +9,12 @@ lists (4.x), or a legacy tuple of ``(key, value)`` pairs. Static layers are prea
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from inferwatch.instrumentation.metrics.model_series import KVCacheSize
 
 _OUTPUT_CACHE_NAMES = ("cache", "past_key_values")
-
-
-@dataclass(frozen=True)
-class KVCacheSize:
-    """What one request's KV cache holds on the device."""
-
-    bytes: int
-    #: Bytes one cached token of one sequence takes, over all layers, keys and values.
-    bytes_per_token: float
-    #: Preallocated token slots (static caches: max_cache_len x batch); None for growing caches.
-    capacity_tokens: int | None
 
 
 def output_cache(output: Any) -> Any:

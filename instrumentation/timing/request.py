@@ -12,6 +12,7 @@ background thread if the request was handed over (:meth:`Request.resolve` return
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextvars
 import dataclasses
@@ -20,10 +21,11 @@ import threading
 import time
 from typing import Any, Protocol
 
+import torch
 from inferwatch.instrumentation.device.worker import Lane
-from inferwatch.instrumentation.metrics.model_series import ModelSeries
+from inferwatch.instrumentation.metrics.model_series import KVCacheSize, ModelSeries
 from inferwatch.instrumentation.metrics.observations import Observations
-from inferwatch.instrumentation.model.kvcache import KVCacheSize
+from inferwatch.instrumentation.metrics.vocabulary import Phase, Status
 from inferwatch.instrumentation.timing.clock import Clock, Fetched
 from inferwatch.instrumentation.timing.timeline import AnchorMapping, TokenTimeline
 from inferwatch.instrumentation.timing.tokens import LiveTokens
@@ -71,7 +73,7 @@ class Step:
         *,
         series: ModelSeries,
         device: str,
-        phase: str | None,
+        phase: Phase | None,
         start: Any,
         end: Any,
         tokens: int,
@@ -109,6 +111,34 @@ class Step:
             observations.step_tokens(series, self.processed, 0)
         else:
             observations.step_tokens(series, 0, self.processed)
+
+
+# -- how a request that raised ended: cancelled (its client went away), oom, or error --------------------
+
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+#: What serving stacks raise inside generate when the client went away: transformers serve's streamer
+#: (``_GenerationCancelled``, by name: it is private) and the generic ways a task or generator is stopped.
+_CANCELLATION_TYPES = (GeneratorExit, asyncio.CancelledError)
+_CANCELLATION_NAMES = frozenset({"_GenerationCancelled", "GenerationCancelled"})
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA OOM, or an allocator failure of another backend recognised by its message."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """The request was abandoned by its client, not failed by the model."""
+    return isinstance(exc, _CANCELLATION_TYPES) or type(exc).__name__ in _CANCELLATION_NAMES
+
+
+def failure_status(exc: BaseException) -> Status:
+    """The ``status`` label of a request that ended with ``exc``."""
+    if is_cancellation(exc):
+        return "cancelled"
+    return "oom" if is_oom(exc) else "error"
 
 
 class Rounds(Protocol):
@@ -205,7 +235,7 @@ class Request:
         self.forwards = 0  # forwards the hooks recorded (the first is the prefill; a DecodeRun's are not)
         self._pending: collections.deque[Step] = collections.deque()
         self._kv: KVCacheSize | None = None
-        self._status: str | None = None
+        self._status: Status | None = None
         self._end_lock = threading.Lock()  # finish (the serving thread) against cancel (the server's)
         #: The request's tokens as the counters have them while it runs (one row, no prompt by default).
         self.live = live or LiveTokens(None, 1, math.inf)
@@ -373,7 +403,7 @@ class Request:
         if self._end("cancelled", at):
             self.timeline.cancel_at(at)
 
-    def finish(self, status: str, counts: Fetched | None = None) -> None:
+    def finish(self, status: Status, counts: Fetched | None = None) -> None:
         """The caller returned (or raised) with ``status``; ``counts``: the tokens generate generated, on
         their way to the host (from its output). A request cancelled earlier stays cancelled.
 
@@ -386,7 +416,7 @@ class Request:
         self.set_kv(None)
         self.background.resolve_or_defer(self, self.series.errors)
 
-    def _end(self, status: str, at: float) -> bool:
+    def _end(self, status: Status, at: float) -> bool:
         """Record the request's end at ``at`` with ``status``, once; False if it had already ended."""
         with self._end_lock:
             if self._status is not None:

@@ -17,6 +17,7 @@ from inferwatch.instrumentation.timing.clock import Anchor, Clock
 if TYPE_CHECKING:
     from inferwatch.instrumentation.metrics.model_series import ModelSeries
     from inferwatch.instrumentation.metrics.observations import Observations
+    from inferwatch.instrumentation.metrics.vocabulary import Status
 
 
 class AnchorMapping:
@@ -142,7 +143,7 @@ class TokenTimeline:
         self.last_token = ends[-1]
         observations.observe_all(series.itl, gaps)
 
-    def observe_end(self, status: str, at: float, series: ModelSeries, observations: Observations) -> None:
+    def observe_end(self, status: Status, at: float, series: ModelSeries, observations: Observations) -> None:
         """The request ended at ``at`` with ``status``: its outcome is counted, a served one has its
         end-to-end latency, and one that did not end served has its finish reason (a served one's, stop
         or length, is known once its tokens are: :meth:`observe_finish_reason`)."""

@@ -21,6 +21,7 @@ from inferwatch.instrumentation.device import busy
 from inferwatch.instrumentation.device.hardware import DeviceIdentity
 from inferwatch.instrumentation.device.nvml_poller import NvmlPoller
 from inferwatch.instrumentation.device.pollers import ModelPoller
+from inferwatch.instrumentation.metrics import vocabulary
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
 
@@ -110,8 +111,8 @@ class Nvml:
     [
         ({HOST_PID}, {HOST_PID}, None),  # the only process, under its host PID: this one
         ({PID, 7, 8}, {PID}, None),  # several, one under this process's PID
-        ({7, 8}, set(), busy.PROCESS_AMBIGUOUS),  # several under other PIDs: which is this one?
-        (set(), set(), busy.PROCESS_NOT_VISIBLE),  # the driver shows this container no process
+        ({7, 8}, set(), vocabulary.PROCESS_AMBIGUOUS),  # several under other PIDs: which is this one?
+        (set(), set(), vocabulary.PROCESS_NOT_VISIBLE),  # the driver shows this container no process
     ],
 )
 def test_which_process_is_this_one(listed: set[int], mine: set[int], why: str | None) -> None:
@@ -130,10 +131,12 @@ def test_the_only_process_reads_the_gpus_own_utilization_window_by_window() -> N
     nvml.processes = [HOST_PID]  # in a PID namespace: NVML knows this process by another PID
     meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
     nvml.advance(10, 20, 30, 40, 0)
-    assert meter.read({HOST_PID}) == busy.BusyReading(pytest.approx(0.2), busy.SOURCE_DEVICE)
+    assert meter.read({HOST_PID}) == busy.BusyReading(pytest.approx(0.2), vocabulary.SOURCE_DEVICE)
     nvml.advance(100, 100)  # only the samples since the last poll count
-    assert meter.read({HOST_PID}) == busy.BusyReading(pytest.approx(1.0), busy.SOURCE_DEVICE)
-    assert meter.read({HOST_PID}) == busy.BusyReading(pytest.approx(1.0), busy.SOURCE_DEVICE)  # none new
+    assert meter.read({HOST_PID}) == busy.BusyReading(pytest.approx(1.0), vocabulary.SOURCE_DEVICE)
+    assert meter.read({HOST_PID}) == busy.BusyReading(
+        pytest.approx(1.0), vocabulary.SOURCE_DEVICE
+    )  # none new
 
 
 def test_a_shared_gpu_reads_this_processs_own_share_since_the_last_poll() -> None:
@@ -142,10 +145,10 @@ def test_a_shared_gpu_reads_this_processs_own_share_since_the_last_poll() -> Non
     nvml.process_shares = {7: 90, PID: 15}
     meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
     nvml.advance(95)
-    assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.15), busy.SOURCE_PROCESS)
+    assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.15), vocabulary.SOURCE_PROCESS)
     nvml.advance(95)
     nvml.process_shares = {7: 90}  # this process ran nothing since: NVML lists the others only
-    assert meter.read({7, PID}) == busy.BusyReading(0.0, busy.SOURCE_PROCESS)
+    assert meter.read({7, PID}) == busy.BusyReading(0.0, vocabulary.SOURCE_PROCESS)
     # Each poll asks from the timestamp of the previous poll's samples.
     assert nvml.asked_since[0] == 0 and nvml.asked_since[1] == nvml.now_us - 200_000 - 170_000
 
@@ -160,7 +163,7 @@ def test_a_busy_neighbours_later_sample_does_not_hide_this_processs_own() -> Non
     meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
     for _ in range(3):
         nvml.advance(99)
-        assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.02), busy.SOURCE_PROCESS)
+        assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.02), vocabulary.SOURCE_PROCESS)
 
 
 def test_a_reading_the_gpu_does_not_support_falls_back_then_gives_up() -> None:
@@ -169,9 +172,9 @@ def test_a_reading_the_gpu_does_not_support_falls_back_then_gives_up() -> None:
     nvml.process_shares = {PID: 40}
     nvml.unsupported = {"samples"}
     meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
-    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.4), busy.SOURCE_PROCESS)
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.4), vocabulary.SOURCE_PROCESS)
     nvml.unsupported.add("process_utilization")
-    assert meter.read({PID}) == busy.NOT_SUPPORTED
+    assert meter.read({PID}) == vocabulary.NOT_SUPPORTED
 
 
 def test_a_failing_call_is_raised_to_be_counted() -> None:
@@ -241,7 +244,7 @@ def test_the_reading_stays_published_while_the_next_is_read(registry) -> None:
     device.poll()
     nvml.advance(50)
     device.poll()
-    assert nvml.during_call == [None, busy.BusyReading(pytest.approx(0.3), busy.SOURCE_PROCESS)]
+    assert nvml.during_call == [None, busy.BusyReading(pytest.approx(0.3), vocabulary.SOURCE_PROCESS)]
 
 
 def test_a_gpu_without_process_listing_says_not_supported(registry) -> None:
@@ -264,7 +267,9 @@ def test_no_nvml_says_nvml_unavailable(registry) -> None:
     assert metric(registry, "llm_gpu_busy_unavailable", device="cuda:0", reason="nvml_unavailable") == 1
 
 
-@pytest.mark.parametrize(("initial", "source"), [(True, busy.SOURCE_DEVICE), (False, busy.SOURCE_PROCESS)])
+@pytest.mark.parametrize(
+    ("initial", "source"), [(True, vocabulary.SOURCE_DEVICE), (False, vocabulary.SOURCE_PROCESS)]
+)
 def test_alone_in_a_listing_counts_as_alone_only_where_the_listing_shows_every_process(
     initial: bool, source: str
 ) -> None:
@@ -275,7 +280,7 @@ def test_alone_in_a_listing_counts_as_alone_only_where_the_listing_shows_every_p
     nvml.process_shares = {PID: 7}
     nvml.advance(95, 95)  # the GPU is busy: mostly a neighbour's kernels, where one hides
     meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}), initial_namespace=initial)
-    expected = 0.95 if source == busy.SOURCE_DEVICE else 0.07
+    expected = 0.95 if source == vocabulary.SOURCE_DEVICE else 0.07
     assert meter.read({PID}) == busy.BusyReading(pytest.approx(expected), source)
 
 
