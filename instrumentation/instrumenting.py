@@ -8,7 +8,7 @@
 * ``_get_candidate_generator``: assisted generation's rounds, their draft and accepted tokens
   (:mod:`.model.speculative`);
 * ``init_continuous_batching``: the managers it returns, followed request by request and step by step
-  (:mod:`.batching.manager`).
+  (:mod:`inferwatch.instrumentation.batching.manager.manager`).
 
 Each part gets the one :class:`~.model.context.ModelContext` and nothing of the others; this module is
 where the process's workers and capture switch are handed to it. What inferwatch keeps never keeps the

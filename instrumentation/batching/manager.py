@@ -23,9 +23,9 @@ in transformers 5.17 and 5.24 (:data:`SUPPORTED_VERSIONS`):
   token counts from the very output the user gets, end-to-end latency), ``fail_and_deliver`` says why a
   request failed (``error`` or ``oom``).
 
-What the hooks see goes to the model's :class:`~inferwatch.instrumentation.batching.timeline.BatchTimeline`,
+What the hooks see goes to the model's :class:`~.timeline.BatchTimeline`,
 which resolves it. The paged KV cache is read by the background thread
-(:class:`~inferwatch.instrumentation.batching.paged.PagedCacheView`).
+(:class:`~.paged.PagedCacheView`).
 
 Where a version's internals differ, what can still be hooked is: without the request points the steps are
 still measured, without the step points the forward hooks time each pass on its own. The reason is logged

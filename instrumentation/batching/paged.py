@@ -1,6 +1,6 @@
 """A continuous-batching manager's paged KV cache, read from transformers' host-side bookkeeping.
 
-:mod:`inferwatch.instrumentation.batching.manager` attaches a :class:`PagedCacheView` to every batch processor
+:mod:`.manager` attaches a :class:`PagedCacheView` to every batch processor
 it follows; the background sampler reads it (``ModelSeries.poll_paged_cache``), never the hot path.
 """
 

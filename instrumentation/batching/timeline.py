@@ -1,5 +1,5 @@
 """Continuous batching's requests and steps, resolved in the order they happened: what
-:mod:`.batching`'s hooks on a ``ContinuousBatchingManager`` feed.
+:mod:`.manager`'s hooks on a ``ContinuousBatchingManager`` feed.
 
 A token's time is the end of the step that sampled it on the device (the same definition as
 ``generate``'s sampled-token marks). Steps are resolved in order once their end mark is complete (at the

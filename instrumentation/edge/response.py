@@ -2,10 +2,10 @@
 content byte and to its last byte, whether the client left before the end, and a request the server
 answered before any model ran for it.
 
-The model's TTFT ends when its first token was sampled; the user sees the first byte that carries text,
-which a streamer may hold back (``TextIteratorStreamer`` waits for a word boundary) and an event stream
-may precede with events of no content (an OpenAI-style stream opens with the assistant's role). Both
-times are measured from the request's :class:`~.arrival.Arrival`, beside TTFT and E2E
+The model's TTFT ends when its first token was sampled; the user sees the first byte that carries text, which
+a streamer may hold back (``TextIteratorStreamer`` waits for a word boundary) and an event stream may precede
+with events of no content (an OpenAI-style stream opens with the assistant's role). Both times are measured
+from the request's :class:`~inferwatch.instrumentation.timing.arrival.Arrival`, beside TTFT and E2E
 (``llm_response_time_to_first_content_seconds``, ``llm_response_time_to_last_byte_seconds``).
 
 A request no model claimed that the server answered with a 4xx or 5xx (or an exception) is counted in

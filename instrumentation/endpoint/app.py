@@ -1,10 +1,10 @@
-"""The answers of :func:`~.exposition.start_http_server`'s endpoint: within CPU budgets, from
+"""The answers of :func:`~.server.start_http_server`'s endpoint: within CPU budgets, from
 collections of the registry at most :data:`MAX_AGE` old (docs/serving.md, "The metrics endpoint").
 
 :class:`Renderer` collects the registry and makes answers of it within the renderings' budget, in the
 serving process; :class:`EndpointApp` answers requests within the request budget and the quiet-client
 rule, from a :class:`Renderer` in the same thread or, in the endpoint's helper process
-(:mod:`.http_process`), from the collections the serving process sends.
+(:mod:`.helper_process`), from the collections the serving process sends.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Rendering(NamedTuple):
 
 class Renderings(Protocol):
     """Where :class:`EndpointApp` gets its answers: the registry in this process (:class:`Renderer`), or
-    the serving process's collections, in the endpoint's helper process (:mod:`.http_process`)."""
+    the serving process's collections, in the endpoint's helper process (:mod:`.helper_process`)."""
 
     async def rendering(self, variant: Variant) -> Rendering: ...
 

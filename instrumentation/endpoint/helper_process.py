@@ -8,11 +8,11 @@ listening socket, and keeps one thread of its own that only collects the registr
 
 * **the helper** (:func:`main`) runs the HTTP layer (:mod:`inferwatch.common.httpserver`: TLS, limits,
   the connection cap), basic auth (bcrypt checks included), the request budget and its quiet-client rule
-  (:class:`~.endpoint_app.EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
+  (:class:`~.app.EndpointApp`), and every encoding (format, gzip, ``name[]``) of the last
   collection it got, which it uses until the serving process says it would collect again
   (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
 * **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
-  renderings' budgets (:class:`~.endpoint_app.Renderer`, charged with the helper's encodings too) and
+  renderings' budgets (:class:`~.app.Renderer`, charged with the helper's encodings too) and
   sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
   again if it dies (the listening socket stays open in between: the kernel queues new connections), or
   if it stops answering: it pings the helper every :data:`PING_INTERVAL` and kills one that has not
@@ -21,7 +21,7 @@ listening socket, and keeps one thread of its own that only collects the registr
   ``inferwatch_endpoint_helper_restarts_total{reason}``, served with the registry.
 
 So the serving process spends, whatever the clients do, one collection and its pickling per
-:data:`~.endpoint_app.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
+:data:`~.app.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
 frames of a JSON head and a byte body. The helper exits when its control socket closes (the serving
 process closed the endpoint or died), when the serving process's PID is no longer its parent's, and on
 SIGTERM; it ignores SIGINT, so a Ctrl-C in a terminal reaches the serving process, which closes it. It

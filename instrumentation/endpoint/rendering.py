@@ -3,7 +3,7 @@
 and ``name[]`` in the query string restricting the answer to the samples of those names; 406 when
 ``Accept`` refuses every format (``*/*;q=0``).
 
-:mod:`.exposition`'s apps and endpoint answer with these; one collection of a registry can be encoded in
+:mod:`.server`'s apps and endpoint answer with these; one collection of a registry can be encoded in
 every variant a request asks for (:class:`Collected`).
 """
 

@@ -5,9 +5,9 @@ Three ways to get the metrics of an instrumented model to Prometheus:
 * :func:`start_http_server` runs an endpoint of its own (``/metrics`` and every other path answer the
   exposition, like prometheus_client's server), built for living inside a model server: HTTP/1.1 with
   keep-alive on one asyncio loop (:mod:`inferwatch.common.httpserver`: idle, slow-request and connection
-  limits) in a helper process (:mod:`.http_process`), so that no client's requests take the GIL from the
+  limits) in a helper process (:mod:`.helper_process`), so that no client's requests take the GIL from the
   serving loop, which only collects the registry when the helper asks, and a CPU budget; no answer comes
-  from a collection of the registry older than ``MAX_AGE`` (:mod:`.endpoint_app`, unless the registry
+  from a collection of the registry older than ``MAX_AGE`` (:mod:`.app`, unless the registry
   typically takes more than ``MAX_AGE * REFRESH_SHARE`` of CPU to collect and encode: then as old as it
   takes to pay that back). Where no helper can run, the same loop runs in a thread of the serving
   process, its answers held to ``CPU_SHARE`` of a core, clients that scrape at a normal pace ahead of
@@ -258,11 +258,11 @@ def start_http_server(
     """Serve ``registry`` over HTTP on ``addr:port``: from a helper process, or from a daemon thread.
 
     By default the HTTP work (connections, TLS, basic auth, answers) runs in a helper process
-    (:mod:`.http_process`), and one daemon thread of this process collects the registry when the helper
-    asks, at most once per :data:`~.endpoint_app.MAX_AGE` plus what the renderings' budget allows; with
+    (:mod:`.helper_process`), and one daemon thread of this process collects the registry when the helper
+    asks, at most once per :data:`~.app.MAX_AGE` plus what the renderings' budget allows; with
     ``INFERWATCH_HTTP_PROCESS=0``, where ``sys.executable`` is not a Python interpreter (a frozen or
     embedding program), or where the helper does not start, everything runs in the thread, with answers
-    held to :data:`~.endpoint_app.CPU_SHARE` of a core (docs/serving.md, "The metrics endpoint").
+    held to :data:`~.app.CPU_SHARE` of a core (docs/serving.md, "The metrics endpoint").
 
     ``port=0`` picks a free port (read it back from ``.port`` / ``.url``). Raises :class:`PortInUseError`
     when the port is taken, :class:`ListenError` when the address cannot be listened on, and ValueError

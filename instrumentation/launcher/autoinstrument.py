@@ -15,7 +15,7 @@ that fits the installed transformers (:mod:`.transformers_serve`).
 
 The first process of the program serves the endpoint; the processes it starts (a serving engine, API
 servers, workers) report their series there once they build a generating model or serve the HTTP edge
-(:mod:`.program`), so the program has one endpoint whatever its processes.
+(:mod:`inferwatch.instrumentation.endpoint.program`), so the program has one endpoint whatever its processes.
 
 A model is not instrumented there but at its first ``generate`` or ``init_continuous_batching`` call
 (continuous batching: ``generate_batch``, ``transformers serve --continuous-batching``), through stand-ins

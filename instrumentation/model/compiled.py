@@ -1,8 +1,9 @@
 """generate's compiled decode step: ``get_compiled_call`` wrapped, so the ``torch.compile``'d call generate
-uses for decode steps with a static cache is timed from around it, never from inside it (no graph break,
-no recompilation when hooks come or go), while the forward hooks, traced into that compiled region, fold
-to nothing. Once a request's shapes are settled its steps are a :class:`~.request.DecodeRun`: two marks
-per step and nothing else in the hot path (docs/timing.md, "The compiled decode step").
+uses for decode steps with a static cache is timed from around it, never from inside it (no graph break, no
+recompilation when hooks come or go), while the forward hooks, traced into that compiled region, fold to
+nothing. Once a request's shapes are settled its steps are a
+:class:`~inferwatch.instrumentation.timing.request.DecodeRun`: two marks per step and nothing else in the hot
+path (docs/timing.md, "The compiled decode step").
 """
 
 from __future__ import annotations

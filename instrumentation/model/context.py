@@ -5,7 +5,8 @@ Everything a hook needs beyond its arguments comes from this object, given to it
 (:mod:`inferwatch.instrumentation.instrumenting` builds it): no hook reaches a process-wide object.
 
 The parts (forward hooks, the generate wrapper, the compiled path, the stopping criteria, continuous
-batching) each get this one object and nothing of each other; :mod:`.hooks` puts them together.
+batching) each get this one object and nothing of each other;
+:mod:`inferwatch.instrumentation.instrumenting` puts them together.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """On-demand captures of the serving process: ``torch.profiler`` over the next N forward steps.
 
-A capture is asked for from the metrics endpoint (:mod:`.profiling_http`) and taken on the thread that
-runs the model: torch's profiler records the operators of the thread that starts it (its callbacks are
-thread-local), and must be stopped by that thread. So the endpoint only *arms* a capture; the forward
-hooks (:mod:`.hooks`) call :meth:`Captures.boundary` at the start of every forward, which is where the first
-serving thread to get there starts the profiler, marks each step with a ``record_function`` range
-(``inferwatch.step prefill 0``, ``inferwatch.step decode 1``...) and stops it after N steps or T
-seconds, whichever comes first. Outside a capture the hooks pay one attribute read (:data:`CAPTURES`'s
-``armed``); nothing of torch's profiler is imported until the first capture.
+A capture is asked for from the metrics endpoint (:mod:`.http`) and taken on the thread that runs the model:
+torch's profiler records the operators of the thread that starts it (its callbacks are thread-local), and must
+be stopped by that thread. So the endpoint only *arms* a capture; the forward hooks
+(:mod:`inferwatch.instrumentation.model.forward`, through the model's context) call :meth:`Captures.boundary`
+at the start of every forward, which is where the first serving thread to get there starts the profiler, marks
+each step with a ``record_function`` range (``inferwatch.step prefill 0``, ``inferwatch.step decode 1``...)
+and stops it after N steps or T seconds, whichever comes first. Outside a capture the hooks pay one attribute
+read (:data:`CAPTURES`'s ``armed``); nothing of torch's profiler is imported until the first capture.
 
 What would stall a serving process is kept out of the serving thread: torch's one-time set-up of its
 profiler (3 s on the development CPU) runs on the capture's own thread before it is armed; the trace is

@@ -1,4 +1,4 @@
-"""The metrics endpoint's ``/debug/`` routes: on-demand profiles of the serving process (:mod:`.profiling`).
+"""The metrics endpoint's ``/debug/`` routes: on-demand profiles of the serving process (:mod:`.captures`).
 
 ``start_http_server`` sends every path under ``/debug/`` here; everything else stays the exposition's.
 

@@ -4,7 +4,7 @@ Hooks only *record* (a CUDA event or a host reading, plus shapes). Marks are res
 complete (``Clock.ready``): in a later step of the same request, once DRAIN_BATCH steps are pending
 (generate's loop has synchronized by then), at the request's exit, or on the background thread if the
 device is still busy; what the resolved times mean is the request's
-:class:`~inferwatch.instrumentation.timing.timeline.TokenTimeline`. A drain observes its steps together
+:class:`~.timeline.TokenTimeline`. A drain observes its steps together
 (:class:`Observations`): one histogram update per bucket touched rather than one per value.
 Everything here runs in one thread at a time: the serving thread while the request runs, then the
 background thread if the request was handed over (:meth:`Request.resolve` returned False).

@@ -1,11 +1,12 @@
 """The arithmetic of one request's timeline, the same for every way a request is served.
 
-``generate`` (its eager steps and its compiled decode runs), continuous batching and ``track_request``
-each resolve their own marks (:mod:`.request`, :mod:`.batching`); what the resolved times *mean* is decided
-here, once: where TTFT starts and ends, when the prefill began and how long the request queued, where each
-token lands and the gaps between tokens, and what a finished request observes. A device mark becomes a
-host time through an :class:`AnchorMapping`, whose anchor's lag is bounded the one way docs/timing.md
-describes. Every observation goes into the caller's :class:`~.series.Observations` batch.
+``generate`` (its eager steps and its compiled decode runs), continuous batching and ``track_request`` each
+resolve their own marks (:mod:`.request`, :mod:`inferwatch.instrumentation.batching.timeline`); what the
+resolved times *mean* is decided here, once: where TTFT starts and ends, when the prefill began and how long
+the request queued, where each token lands and the gaps between tokens, and what a finished request observes.
+A device mark becomes a host time through an :class:`AnchorMapping`, whose anchor's lag is bounded the one way
+docs/timing.md describes. Every observation goes into the caller's
+:class:`~inferwatch.instrumentation.metrics.observations.Observations` batch.
 """
 
 from __future__ import annotations
