@@ -1,6 +1,6 @@
 """Rule evaluation for a fleet: the rules before and after issue 41's recording chain, on Prometheus and on
 vmalert over VictoriaMetrics, against a simulated fleet slice of 10, 50 and 100 nodes (docs/benchmarks.md,
-"Issue 41: rule evaluation for a fleet").
+"Issue 41: rules at fleet scale").
 
 A node is what one GPU node shows Prometheus: an ``inferwatch-exporter`` over the NVML stand-in with 8
 GPUs, and one instrumented serving process with 2 models that served requests. Both expositions are
@@ -26,6 +26,9 @@ had, see docs/benchmarks.md), it reads for ``--measure`` seconds:
 * vmalert's /metrics: ``vmalert_iteration_duration_seconds_sum`` / ``_count`` per group over the
   measurement (the mean iteration).
 
+With ``--timeline S`` it also reports both totals per S seconds of the measurement, with the seconds of
+data the stores held by then: a long measurement shows how the cost grows as the longer windows fill.
+
 Run from the repository root (needs prometheus, victoria-metrics, vmalert on PATH; ~7 minutes per size)::
 
     python tests/benchmarks/fleet_rules.py --out docs/benchmark-results/dev-2026-12-05/fleet-rules.json
@@ -34,6 +37,7 @@ Run from the repository root (needs prometheus, victoria-metrics, vmalert on PAT
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -314,15 +318,21 @@ def _value(samples: list[Any], name: str) -> float:
     return sum(s.value for s in samples if s.name == name)
 
 
-def measure(urls: dict[str, str], fill: float, measure_s: float, interval_s: float) -> dict[str, Any]:
+def measure(
+    urls: dict[str, str], fill: float, measure_s: float, interval_s: float, timeline_s: float = 0
+) -> dict[str, Any]:
     time.sleep(fill)
     prom, vmalert = urls["prometheus"], urls["vmalert"]
     first_prom, first_vma = metrics_of(prom), metrics_of(vmalert)
     started = time.monotonic()
     durations: dict[str, list[float]] = {}
     seen: dict[str, float] = {}
+    # With timeline_s: every Prometheus evaluation with its time, and vmalert's totals every timeline_s.
+    evaluations: list[tuple[float, str, float]] = []
+    vma_snapshots = [(0.0, first_vma)]
     while time.monotonic() - started < measure_s:
         samples = metrics_of(prom)
+        now = time.monotonic() - started
         stamps = _by_label(samples, "prometheus_rule_group_last_evaluation_timestamp_seconds", "rule_group")
         for group, duration in _by_label(
             samples, "prometheus_rule_group_last_duration_seconds", "rule_group"
@@ -330,6 +340,9 @@ def measure(urls: dict[str, str], fill: float, measure_s: float, interval_s: flo
             if stamps.get(group) and stamps[group] != seen.get(group):
                 seen[group] = stamps[group]
                 durations.setdefault(group.split(";", 1)[1], []).append(duration)
+                evaluations.append((now, group.split(";", 1)[1], duration))
+        if timeline_s and now - vma_snapshots[-1][0] >= timeline_s:
+            vma_snapshots.append((now, metrics_of(vmalert)))
         time.sleep(interval_s / 3)
     elapsed = time.monotonic() - started
     last_prom, last_vma = metrics_of(prom), metrics_of(vmalert)
@@ -347,7 +360,7 @@ def measure(urls: dict[str, str], fill: float, measure_s: float, interval_s: flo
             vmalert_ms[group] = 1000 * (total - vma(first_vma, "_sum").get(group, 0)) / count
     rules = json.loads(urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=10).read())["data"]["groups"]
     errors = sorted({r["name"] for g in rules for r in g["rules"] if r.get("health") == "err"})
-    return {
+    figures: dict[str, Any] = {
         "head_series": _value(last_prom, "prometheus_tsdb_head_series"),
         "head_samples_per_second": appended / elapsed,
         "prometheus_group_ms": {g: 1000 * statistics.median(v) for g, v in sorted(durations.items())},
@@ -357,6 +370,44 @@ def measure(urls: dict[str, str], fill: float, measure_s: float, interval_s: flo
         "vmalert_alerting_errors": _value(last_vma, "vmalert_alerting_rules_errors_total"),
         "prometheus_rules_in_error": errors,
     }
+    if timeline_s:
+        figures["timeline"] = timeline(evaluations, vma_snapshots, fill, timeline_s)
+    return figures
+
+
+def timeline(
+    evaluations: list[tuple[float, str, float]],
+    vma_snapshots: list[tuple[float, list[Any]]],
+    fill: float,
+    window_s: float,
+) -> list[dict[str, Any]]:
+    """Per window of ``window_s`` seconds of the measurement: the rules' total evaluation time, before and
+    after, on Prometheus (per group the median of its evaluations in the window, added) and on vmalert
+    (per group the mean iteration in the window, added), to show how it grows as the windows fill."""
+
+    def vma(samples: list[Any], suffix: str) -> dict[str, float]:
+        return _by_label(samples, f"vmalert_iteration_duration_seconds{suffix}", "group")
+
+    rows = []
+    for (start, first), (end, last) in itertools.pairwise(vma_snapshots):
+        per_group: dict[str, list[float]] = {}
+        for at, group, duration in evaluations:
+            if start <= at < end:
+                per_group.setdefault(group, []).append(duration)
+        prometheus_ms = {g: 1000 * statistics.median(v) for g, v in per_group.items()}
+        vmalert_ms = {}
+        for group, total in vma(last, "_sum").items():
+            count = vma(last, "_count")[group] - vma(first, "_count").get(group, 0)
+            if count > 0:
+                vmalert_ms[group] = 1000 * (total - vma(first, "_sum").get(group, 0)) / count
+        rows.append(
+            {
+                "seconds_of_data": round(fill + end),
+                "prometheus_total_ms": totals(prometheus_ms),
+                "vmalert_total_ms": totals(vmalert_ms),
+            }
+        )
+    return rows
 
 
 def totals(groups: dict[str, float]) -> dict[str, float]:
@@ -373,6 +424,12 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=15, help="scrape and evaluation interval, seconds")
     parser.add_argument("--fill", type=float, default=300, help="seconds before measuring")
     parser.add_argument("--measure", type=float, default=90, help="seconds of measurement")
+    parser.add_argument(
+        "--timeline",
+        type=float,
+        default=0,
+        help="also report the totals per window of this many seconds of the measurement (0: only overall)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--capture-serving", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -415,7 +472,7 @@ def main() -> int:
                 size_dir = work / f"n{nodes}"
                 size_dir.mkdir()
                 with fleet(nodes, replay, [before, after], interval, size_dir) as urls:
-                    figures = measure(urls, args.fill, args.measure, args.interval)
+                    figures = measure(urls, args.fill, args.measure, args.interval, args.timeline)
                 figures["nodes"] = nodes
                 figures["prometheus_total_ms"] = totals(figures["prometheus_group_ms"])
                 figures["vmalert_total_ms"] = totals(figures["vmalert_group_ms"])
