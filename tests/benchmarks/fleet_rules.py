@@ -416,6 +416,58 @@ def totals(groups: dict[str, float]) -> dict[str, float]:
     return {"before": before, "after": after}
 
 
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line through the points: (intercept, slope)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def extrapolate(result: dict[str, Any], target: int) -> dict[str, Any]:
+    """The measured sizes' evaluation times, fitted per engine, rule set and group with a line in the
+    number of nodes, projected to ``target`` nodes; against the interval, the number of shards (each
+    evaluating the rules over target/shards nodes) that keeps the slowest group within it.
+
+    vmalert runs its groups concurrently and a group's rules in order (Prometheus likewise), so a cycle
+    fits when its slowest group fits the interval; the sum of the groups is the work per cycle."""
+    sizes = sorted(result["sizes"], key=lambda size: size["nodes"])
+    nodes = [float(size["nodes"]) for size in sizes]
+    interval_ms = 1000.0 * result["interval_seconds"]
+    out: dict[str, Any] = {"target_nodes": target, "interval_ms": interval_ms, "measured_nodes": nodes}
+    for engine in ("prometheus", "vmalert"):
+        for rules in ("before", "after"):
+            measured: dict[str, list[float]] = {}
+            for group in sizes[0][f"{engine}_group_ms"]:
+                times = [size[f"{engine}_group_ms"].get(group) for size in sizes]
+                if group.startswith("before-") == (rules == "before") and None not in times:
+                    measured[group.removeprefix("before-")] = times
+            fits = {group: _fit(nodes, times) for group, times in measured.items()}
+
+            def cycle(n: float, fits: dict[str, tuple[float, float]] = fits) -> dict[str, float]:
+                return {group: a + b * n for group, (a, b) in fits.items()}
+
+            totals_ms = [sum(times[i] for times in measured.values()) for i in range(len(sizes))]
+            projected = cycle(target)
+            slowest = max(projected, key=projected.__getitem__)
+            shards = next(
+                (k for k in range(1, target + 1) if max(cycle(target / k).values()) <= interval_ms), None
+            )
+            out[f"{engine}_{rules}"] = {
+                "measured_total_ms": totals_ms,
+                "measured_ms_per_node": [ms / n for ms, n in zip(totals_ms, nodes, strict=True)],
+                "measured_slowest_group_ms": [
+                    max(times[i] for times in measured.values()) for i in range(len(sizes))
+                ],
+                "ms_per_added_node": sum(b for _, b in fits.values()),
+                "projected_total_ms": sum(projected.values()),
+                "projected_slowest_group": slowest,
+                "projected_slowest_group_ms": projected[slowest],
+                "slowest_group_share_of_interval": projected[slowest] / interval_ms,
+                "shards_to_fit_interval": shards,
+            }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -430,11 +482,18 @@ def main() -> int:
         default=0,
         help="also report the totals per window of this many seconds of the measurement (0: only overall)",
     )
+    parser.add_argument("--target-nodes", type=int, default=1000, help="nodes to extrapolate to")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--report", type=Path, help="measure nothing: print the extrapolation of this earlier --out file"
+    )
     parser.add_argument("--capture-serving", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.capture_serving:
         capture_serving(args.capture_serving)
+        return 0
+    if args.report:
+        print(json.dumps(extrapolate(json.loads(args.report.read_text()), args.target_nodes), indent=2))
         return 0
     interval = f"{args.interval}s"
     run_started = time.time()
@@ -479,6 +538,8 @@ def main() -> int:
                 result["sizes"].append(figures)
                 print(json.dumps(figures, indent=1), file=sys.stderr, flush=True)
         result["wall_seconds"] = round(time.time() - run_started)
+    if len(result["sizes"]) > 1:
+        result["extrapolation"] = extrapolate(result, args.target_nodes)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
