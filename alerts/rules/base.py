@@ -73,7 +73,6 @@ class Params:
 
     def __init__(self, name: str, config: Mapping[str, Any]) -> None:
         self.name = name
-        self.config = config
         self.values: Mapping[str, Any] = config["alerts"][name]
         self.selectors = Selectors.of(config)
         self.serving = self.selectors.for_serving

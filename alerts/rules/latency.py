@@ -16,7 +16,7 @@ from .base import (
     label,
     per_model_ratio,
 )
-from .recording import ALL_OBSERVATIONS, mean_record, recorded_bucket_rates, slo_error_record
+from .recording import mean_record, slo_error_record
 
 GROUP = AlertGroup("inferwatch-latency")
 
@@ -85,17 +85,12 @@ def _queue_time_high(p: Params) -> list[AlertRule]:
     queue = p.serving(names.LLM_REQUEST_QUEUE_SECONDS)
     window, quantile = p["window"], p["quantile_ratio"]
     percentile = f"p{num(quantile * 100)}"
-    if window == p.config["recording"]["quantile_window"]:
-        # The bucket rates the recording rules read once for every quantile (alerts/rules/recording.py).
-        recorded = recorded_bucket_rates(names.LLM_REQUEST_QUEUE_SECONDS, window)
-        queued: promql.Expr = promql.Call("histogram_quantile", (promql.Number(quantile), recorded))
-        requests: promql.Expr = recorded_bucket_rates(
-            names.LLM_REQUEST_QUEUE_SECONDS, window, ALL_OBSERVATIONS
-        )
-    else:
-        queued = promql.histogram_quantile(quantile, queue, PER_MODEL, window)
-        requests = promql.sum_rate(queue.suffixed("_count"), PER_MODEL, window)
-    expr = queued.gt(p["seconds_above"]).and_(requests.gt(p["min_requests_per_second"]), on=PER_MODEL)
+    requests = promql.sum_rate(queue.suffixed("_count"), PER_MODEL, window)
+    expr = (
+        promql.histogram_quantile(quantile, queue, PER_MODEL, window)
+        .gt(p["seconds_above"])
+        .and_(requests.gt(p["min_requests_per_second"]), on=PER_MODEL)
+    )
     return [
         p.rule(
             expr,
