@@ -24,7 +24,8 @@ had, see docs/benchmarks.md), it reads for ``--measure`` seconds:
   ``prometheus_tsdb_head_samples_appended_total`` (scraped and recorded samples), and
   ``prometheus_rule_group_last_duration_seconds`` of every group at every new evaluation (median);
 * vmalert's /metrics: ``vmalert_iteration_duration_seconds_sum`` / ``_count`` per group over the
-  measurement (the mean iteration).
+  measurement (the mean iteration);
+* Prometheus' /api/v1/rules at the end: each rule's time at its group's last evaluation.
 
 With ``--timeline S`` it also reports both totals per S seconds of the measurement, with the seconds of
 data the stores held by then: a long measurement shows how the cost grows as the longer windows fill.
@@ -369,6 +370,10 @@ def measure(
         "vmalert_recording_errors": _value(last_vma, "vmalert_recording_rules_errors_total"),
         "vmalert_alerting_errors": _value(last_vma, "vmalert_alerting_rules_errors_total"),
         "prometheus_rules_in_error": errors,
+        # Each rule's time at its group's last evaluation (one sample: where a group's time goes).
+        "prometheus_rule_ms_last": {
+            g["name"]: [[r["name"], round(1000 * r["evaluationTime"], 2)] for r in g["rules"]] for g in rules
+        },
     }
     if timeline_s:
         figures["timeline"] = timeline(evaluations, vma_snapshots, fill, timeline_s)
