@@ -434,12 +434,20 @@ def extrapolate(result: dict[str, Any], target: int) -> dict[str, Any]:
     evaluating the rules over target/shards nodes) that keeps the slowest group within it.
 
     vmalert runs its groups concurrently and a group's rules in order (Prometheus likewise), so a cycle
-    fits when its slowest group fits the interval; the sum of the groups is the work per cycle."""
-    sizes = sorted(result["sizes"], key=lambda size: size["nodes"])
-    nodes = [float(size["nodes"]) for size in sizes]
+    fits when its slowest group fits the interval; the sum of the groups is the work per cycle.
+
+    A size where a group of the engine took the interval or longer is left out of that engine's fit
+    (when at least two sizes remain): the engine missed cycles there, and what was measured is a machine
+    out of CPU, not what the rules cost."""
     interval_ms = 1000.0 * result["interval_seconds"]
-    out: dict[str, Any] = {"target_nodes": target, "interval_ms": interval_ms, "measured_nodes": nodes}
+    out: dict[str, Any] = {"target_nodes": target, "interval_ms": interval_ms}
     for engine in ("prometheus", "vmalert"):
+        sizes = sorted(result["sizes"], key=lambda size: size["nodes"])
+        unsaturated = [s for s in sizes if max(s[f"{engine}_group_ms"].values()) < interval_ms]
+        if len(unsaturated) >= 2:
+            sizes = unsaturated
+        nodes = [float(size["nodes"]) for size in sizes]
+        out[f"{engine}_fitted_nodes"] = nodes
         for rules in ("before", "after"):
             measured: dict[str, list[float]] = {}
             for group in sizes[0][f"{engine}_group_ms"]:
