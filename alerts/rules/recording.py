@@ -1,5 +1,14 @@
 """The recording rules: latency quantiles and means per model, and the SLO error ratios the budget-burn
-alerts read."""
+alerts read.
+
+An SLO ratio over a long window (30m, 1h, 6h) is not read from the raw buckets of every instance over that
+window, which costs instances x models x window: the rates of the SLO target's bucket and of every
+observation (``+Inf``) are recorded once per evaluation, per job and model, over the short window
+(``recording.quantile_window``), and each longer window is the ratio of their means over it: one series
+per model and bound (docs/alerts.md, "Cost at fleet scale"). The quantiles read the raw buckets over the
+short window, one rule per quantile: a recording of the per-instance bucket rates for them to read instead
+was measured, and cost more (the same number of series to read, and more rules).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ from typing import Any
 
 from inferwatch.common import names, promql
 from inferwatch.common.durations import parse_duration
-from inferwatch.common.promql import PER_MODEL, num, regex
+from inferwatch.common.promql import PER_MODEL, Selector, eq, num, regex
 
 from ..config import Selectors
 from .base import bucket_bound, per_model_ratio
@@ -35,6 +44,12 @@ def mean_record(metric: str, window: str) -> str:
     return f"instance_model:{metric}:mean_rate{window}"
 
 
+def slo_bucket_rate_record(metric: str, window: str) -> str:
+    """Name of the recorded rates of the SLO target's bucket and of the ``+Inf`` bucket of ``metric``, per
+    (job, model) and ``le`` (:data:`PER_SERVICE`): two buckets of the histogram, not all of them."""
+    return f"job_model:{metric}_bucket:rate{window}"
+
+
 def slo_error_record(metric: str, window: str) -> str:
     """Name of the recorded fraction of ``metric`` observations above the SLO target, per (job, model)
     (:data:`PER_SERVICE`)."""
@@ -51,7 +66,8 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         "expr": per_model_ratio(itl.suffixed("_sum"), itl.suffixed("_count"), mean_window).pretty(),
     }
     quantiles = _quantile_rules(selectors, config["recording"])
-    return [*quantiles, mean, *_slo_error_rules(selectors, config["alerts"])]
+    slo = _slo_error_rules(selectors, config["alerts"], config["recording"]["quantile_window"])
+    return [*quantiles, mean, *slo]
 
 
 def _quantile_rules(selectors: Selectors, rec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -75,18 +91,51 @@ def _quantile_rules(selectors: Selectors, rec: Mapping[str, Any]) -> list[dict[s
     return rules
 
 
-def _slo_error_rules(selectors: Selectors, alerts: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _slo_error_rules(
+    selectors: Selectors, alerts: Mapping[str, Any], base_window: str
+) -> list[dict[str, Any]]:
+    """Per enabled SLO: the per-service rates of the target's and the ``+Inf`` bucket over
+    ``base_window``, then the error ratio over every window its alert reads, in that order (Prometheus
+    runs one group's rules in order, so a ratio reads the rates recorded at the same evaluation).
+
+    A window equal to ``base_window`` is the ratio of the recorded rates; a longer one the ratio of their
+    means over the window (the same rates of events weighted by traffic, with the window's edges weighed
+    in over ``base_window``); a shorter one, which no recording covers, reads the raw series.
+    """
+    base = parse_duration(base_window, promql=True)
     rules = []
     for alert_name, metric in SLO_HISTOGRAMS.items():
         settings = alerts[alert_name]
         if not settings["enabled"]:
             continue
-        good = selectors.for_serving(
-            f"{metric}_bucket", regex("le", bucket_bound(settings["target_seconds"]))
+        bound = bucket_bound(settings["target_seconds"])
+        recorded = slo_bucket_rate_record(metric, base_window)
+        raw_buckets = selectors.for_serving(f"{metric}_bucket", regex("le", f"{bound}|\\+Inf"))
+        rules.append(
+            {
+                "record": recorded,
+                "expr": promql.sum_rate(raw_buckets, (*PER_SERVICE, "le"), base_window).pretty(),
+            }
         )
-        total = selectors.for_serving(f"{metric}_count")
+        good = Selector(recorded, (regex("le", bound),))
+        total = Selector(recorded, (eq("le", "+Inf"),))
         windows = {settings[speed][w] for speed in ("fast", "slow") for w in ("long_window", "short_window")}
         for slo_window in sorted(windows, key=lambda window: parse_duration(window, promql=True)):
-            good_share = promql.ratio_of_rates(good, total, PER_SERVICE, slo_window)
+            seconds = parse_duration(slo_window, promql=True)
+            if seconds == base:
+                good_share = promql.aggregate("sum", good, PER_SERVICE) / promql.aggregate(
+                    "sum", total, PER_SERVICE
+                )
+            elif seconds > base:
+                good_share = promql.aggregate(
+                    "sum", promql.over_time("avg", good, slo_window), PER_SERVICE
+                ) / promql.aggregate("sum", promql.over_time("avg", total, slo_window), PER_SERVICE)
+            else:
+                good_share = promql.ratio_of_rates(
+                    selectors.for_serving(f"{metric}_bucket", regex("le", bound)),
+                    selectors.for_serving(f"{metric}_count"),
+                    PER_SERVICE,
+                    slo_window,
+                )
             rules.append({"record": slo_error_record(metric, slo_window), "expr": (1 - good_share).pretty()})
     return rules
