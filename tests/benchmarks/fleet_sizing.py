@@ -12,7 +12,8 @@ One run, on the machine it runs on:
 3. one Prometheus agent (``--enable-feature=agent``, shard 0 of 1) scrapes them all every ``--interval``
    under the jobs the rules select (``inferwatch-exporter``, ``llm-serving``) and remote-writes to a
    single-node VictoriaMetrics; vmalert evaluates the shipped alerts/rules.yaml against it every
-   ``--eval-interval``, writing the recording rules' results back;
+   ``--eval-interval``, writing the recording rules' results back (``--no-vmalert``: no rules, so that
+   VictoriaMetrics' cost of ingestion shows apart from that of answering vmalert's queries);
 4. after ``--warmup`` seconds, for ``--seconds``: the agent's active series, samples appended and sent
    per second and samples still pending (its own metrics), VictoriaMetrics' rows inserted per second and
    the series it holds, vmalert's rule errors, and each process's CPU (% of one core, from /proc) and
@@ -183,24 +184,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 workdir=work / "agent",
             )
         )
-        vmalert = stack.enter_context(
-            start_vmalert(
-                [REPO_ROOT / "alerts" / "rules.yaml"],
-                vm.url,
-                alertmanager=webhook.url.rstrip("/"),
-                interval=args.eval_interval,
-                workdir=work,
+        vmalert = (
+            stack.enter_context(
+                start_vmalert(
+                    [REPO_ROOT / "alerts" / "rules.yaml"],
+                    vm.url,
+                    alertmanager=webhook.url.rstrip("/"),
+                    interval=args.eval_interval,
+                    workdir=work,
+                )
             )
+            if args.vmalert
+            else None
         )
         agent.wait_for_targets_up(120)
         endpoints = sum(len(addresses) for addresses in targets.values())
         wait_until(lambda: len(vm.query("up")) == endpoints, 120, "every endpoint's up in VictoriaMetrics")
         time.sleep(args.warmup)
-        processes: dict[str, RunningProcess] = {
-            "agent": agent.process,
-            "victoria-metrics": vm.process,
-            "vmalert": vmalert.process,
-        }
+        processes: dict[str, RunningProcess] = {"agent": agent.process, "victoria-metrics": vm.process}
+        if vmalert:
+            processes["vmalert"] = vmalert.process
         start = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
         appended0 = metric(agent.url, "prometheus_agent_samples_appended_total")
         sent0 = metric(agent.url, "prometheus_remote_storage_samples_total")
@@ -221,7 +224,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         appended = metric(agent.url, "prometheus_agent_samples_appended_total") - appended0
         sent = metric(agent.url, "prometheus_remote_storage_samples_total") - sent0
         inserted = metric(vm.url, "vm_rows_inserted_total") - inserted0
-        rules = [rule for group in vmalert.rule_groups() for rule in group["rules"]]
+        rules = [rule for group in vmalert.rule_groups() for rule in group["rules"]] if vmalert else []
         result: dict[str, Any] = {
             "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
             "nodes": args.nodes,
@@ -230,7 +233,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "exporter_series_per_node": samples(exposition),
             "serving_series_per_node": samples(serving),
             "scrape_interval": args.interval,
-            "evaluation_interval": args.eval_interval,
+            "evaluation_interval": args.eval_interval if args.vmalert else None,
             "seconds": round(elapsed, 1),
             "agent_active_series": metric(agent.url, "prometheus_agent_active_series"),
             "agent_samples_per_second": round(appended / elapsed),
@@ -254,6 +257,12 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=2, help="models served per node (0: none)")
     parser.add_argument("--interval", default="15s", help="the agent's scrape interval")
     parser.add_argument("--eval-interval", default="15s", help="vmalert's evaluation interval")
+    parser.add_argument(
+        "--no-vmalert",
+        dest="vmalert",
+        action="store_false",
+        help="no rules: VictoriaMetrics' cost of ingestion alone, without vmalert's queries",
+    )
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before measuring")
     parser.add_argument("--seconds", type=float, default=90.0, help="seconds measured")
     parser.add_argument("--json", type=Path, help="also write the figures here")
