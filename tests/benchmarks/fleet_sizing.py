@@ -164,8 +164,7 @@ def series_count(url: str) -> int:
     return int(json.loads(body)["data"][0])
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="inferwatch-fleet-"))
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     exposition = capture_node(args.gpus, work)
     serving = capture_serving(args.models, work) if args.models else b""
     with ExitStack() as stack:
@@ -267,7 +266,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=90.0, help="seconds measured")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    result = measure(args)
+    # The processes' data and logs, removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="inferwatch-fleet-") as work:
+        result = measure(args, Path(work))
     for key, value in result.items():
         print(f"{key:30} {value}")
     if args.json:
