@@ -1,6 +1,7 @@
 # Two entry points: `make demo` (the main job) and `make test` (the tests). Each builds its own virtual
 # environment from nothing but the OS image; `make test` also installs the Debian packages its
-# integration tests drive (Prometheus, promtool, Alertmanager, docker-compose) when they are absent.
+# integration tests drive (Prometheus, promtool, Alertmanager, VictoriaMetrics and vmalert, docker-compose)
+# when they are absent.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -6,6 +6,11 @@ need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+# The sharded-agents path (tests/integration/test_fleet_victoriametrics.py): the store and the rule
+# evaluator, both from Debian's victoria-metrics package (which also ships vmagent).
+if ! command -v victoria-metrics >/dev/null 2>&1 || ! command -v vmalert >/dev/null 2>&1; then
+  need+=(victoria-metrics)
+fi
 # inferwatch top's screens are read from a real terminal (tests/support/terminal.py).
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -18,6 +23,6 @@ apt-get update -q >/dev/null
 apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
 # The packages' maintainer scripts may start daemons where an init system runs; the tests start their
 # own instances on free ports, so stop any system ones.
-for svc in prometheus prometheus-alertmanager; do
+for svc in prometheus prometheus-alertmanager victoria-metrics; do
   (command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1) || true
 done

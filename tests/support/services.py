@@ -10,6 +10,11 @@ it answers, yields a small handle, and on exit stops what it started, whether th
   alert to one webhook.
 * :func:`start_webhook_receiver` - an HTTP server in a thread collecting the JSON Alertmanager POSTs.
 * :func:`start_demo` / :func:`start_exporter` - ``inferwatch demo`` and ``inferwatch-exporter``.
+* :func:`start_prometheus_agent` - ``prometheus --enable-feature=agent`` scraping one ``hashmod`` shard of
+  the targets and remote-writing what it scrapes (docs/deploy.md, "Past one Prometheus").
+* :func:`start_victoria_metrics` / :func:`start_vmalert` - Debian's ``victoria-metrics`` (the store the
+  agents write to, queried through its Prometheus-compatible API) and ``vmalert`` (the rules, evaluated
+  against it, results written back, alerts sent to an Alertmanager).
 
 A missing binary is an error, never a skip: the integration suite is the proof that the rules and
 dashboards work against real services, and a silent skip would hide that the proof did not run.
@@ -17,6 +22,7 @@ dashboards work against real services, and a silent skip would hide that the pro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -55,7 +61,7 @@ def require_binary(name: str) -> str:
     if found is None:
         raise ServiceError(
             f"{name!r} is not installed: run `make system-deps` (Debian packages prometheus, "
-            "prometheus-alertmanager) or put it on PATH"
+            "prometheus-alertmanager, victoria-metrics) or put it on PATH"
         )
     return found
 
@@ -386,6 +392,14 @@ class Alertmanager:
     address: str  # host:port, what Prometheus's alerting config names
     process: RunningProcess
 
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts Alertmanager holds now (``/api/v2/alerts``: active, silenced and inhibited; resolved
+        ones are gone), each with ``labels``, ``annotations``, ``status`` and ``startsAt``."""
+        status, body = http_get(f"{self.url}/api/v2/alerts", timeout=10.0)
+        if status != 200:
+            raise ServiceError(f"Alertmanager /api/v2/alerts: HTTP {status}: {body[:200]!r}")
+        return json.loads(body)
+
 
 def alertmanager_config(
     webhook_url: str, group_wait: str = "1s", group_interval: str = "1s"
@@ -431,6 +445,189 @@ def start_alertmanager(
         url = f"http://{address}"
         with start_process(cmd, f"{url}/-/ready", timeout, log_path=work / "alertmanager.log") as proc:
             yield Alertmanager(url, address, proc)
+
+
+# ------------------------------------------------------- sharded agents, VictoriaMetrics and vmalert
+
+
+def hashmod_shard(value: str, modulus: int) -> int:
+    """The shard Prometheus's ``hashmod`` relabelling puts ``value`` in: the MD5 of the value, its last 8
+    bytes read as a big-endian integer, modulo ``modulus`` (prometheus/model/relabel, the same since 1.x)."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
+
+
+def agent_config(
+    targets: Mapping[str, Sequence[str]],
+    remote_write_url: str,
+    *,
+    shard: int,
+    shards: int,
+    interval: str = "1s",
+) -> dict[str, Any]:
+    """A prometheus.yml for an agent: every job of ``targets`` (job name -> ``host:port`` list), of which
+    the agent keeps the targets whose address hashes to ``shard`` of ``shards``, and a remote write of
+    everything it scrapes to ``remote_write_url``. Every agent gets the same target list; the shard index
+    is the one difference between their files."""
+    shard_relabelling = [
+        {
+            "source_labels": ["__address__"],
+            "modulus": shards,
+            "target_label": "__tmp_hash",
+            "action": "hashmod",
+        },
+        {"source_labels": ["__tmp_hash"], "regex": str(shard), "action": "keep"},
+    ]
+    return {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval},
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "static_configs": [{"targets": list(addrs)}],
+                "relabel_configs": shard_relabelling,
+            }
+            for job, addrs in targets.items()
+        ],
+        "remote_write": [
+            {
+                "url": remote_write_url,
+                # Batches leave within one scrape interval (the default waits up to 5 s).
+                "queue_config": {"batch_send_deadline": interval},
+            }
+        ],
+    }
+
+
+@contextmanager
+def start_prometheus_agent(
+    targets: Mapping[str, Sequence[str]],
+    remote_write_url: str,
+    *,
+    shard: int,
+    shards: int,
+    interval: str = "1s",
+    workdir: Path | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Prometheus]:
+    """A real Prometheus in agent mode (``--enable-feature=agent``: scrape and remote-write, no local
+    queries, no rules) on a free loopback port, scraping shard ``shard`` of ``shards`` of ``targets``.
+    The handle's :meth:`Prometheus.targets_up` and ``api("targets")`` work; its queries do not."""
+    binary = require_binary("prometheus")
+    with _workdir(workdir) as work:
+        config_path = work / "prometheus-agent.yml"
+        config = agent_config(targets, remote_write_url, shard=shard, shards=shards, interval=interval)
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        port = free_port()
+        cmd = [
+            binary,
+            "--enable-feature=agent",
+            f"--config.file={config_path}",
+            f"--storage.agent.path={work / 'wal'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
+        url = f"http://127.0.0.1:{port}"
+        with start_process(cmd, f"{url}/-/ready", timeout, log_path=work / "prometheus-agent.log") as proc:
+            yield Prometheus(url, proc)
+
+
+class VictoriaMetrics(Prometheus):
+    """Handle on a running single-node VictoriaMetrics: its Prometheus-compatible query API (the
+    :class:`Prometheus` calls), and where agents and vmalert write (:attr:`remote_write_url`)."""
+
+    @property
+    def remote_write_url(self) -> str:
+        return f"{self.url}/api/v1/write"
+
+
+@contextmanager
+def start_victoria_metrics(
+    *, workdir: Path | None = None, latency_offset: str = "1s", timeout: float = 60.0
+) -> Iterator[VictoriaMetrics]:
+    """A real single-node VictoriaMetrics (Debian's ``victoria-metrics``) on a free loopback port, its
+    data in ``workdir``, kept one day (its shortest retention).
+
+    ``latency_offset`` is ``-search.latencyOffset``: VictoriaMetrics answers an instant query for "now"
+    as of that long ago (30 s by default, for samples still in flight), which would hold every alert of a
+    test back by 30 s.
+    """
+    binary = require_binary("victoria-metrics")
+    with _workdir(workdir) as work:
+        port = free_port()
+        cmd = [
+            binary,
+            f"-storageDataPath={work / 'victoria-metrics-data'}",
+            "-retentionPeriod=1d",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-search.latencyOffset={latency_offset}",
+            "-loggerLevel=WARN",
+        ]
+        url = f"http://127.0.0.1:{port}"
+        with start_process(cmd, f"{url}/health", timeout, log_path=work / "victoria-metrics.log") as proc:
+            yield VictoriaMetrics(url, proc)
+
+
+@dataclass
+class VmAlert:
+    """Handle on a running vmalert: its rule groups and alerts as it evaluates them."""
+
+    url: str
+    process: RunningProcess
+
+    def _api(self, path: str) -> Any:
+        status, body = http_get(f"{self.url}/api/v1/{path}", timeout=10.0)
+        if status != 200:
+            raise ServiceError(f"vmalert /api/v1/{path}: HTTP {status}: {body[:200]!r}")
+        return json.loads(body)["data"]
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        """Loaded groups with their rules (``type`` alerting or recording, ``lastError``, ...)."""
+        return self._api("rules")["groups"]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (``state`` pending or firing) with their labels."""
+        return self._api("alerts")["alerts"] or []  # null when there is none
+
+
+VMALERT_FLAGS = (
+    # Alerts carry the labels Prometheus would give them: vmalert adds `alertgroup` (the rule group's
+    # name) unless told not to, which would change every alert's identity in Alertmanager.
+    "-disableAlertgroupLabel",
+)
+
+
+@contextmanager
+def start_vmalert(
+    rule_files: Sequence[Path],
+    victoria_metrics: str,
+    *,
+    alertmanager: str,
+    interval: str = "1s",
+    workdir: Path | None = None,
+    timeout: float = 60.0,
+) -> Iterator[VmAlert]:
+    """A real ``vmalert`` on a free loopback port evaluating ``rule_files`` every ``interval`` against the
+    VictoriaMetrics at ``victoria_metrics`` (its base URL), writing recording rules' results and alert
+    state back into it, restoring alert state from it, and notifying the Alertmanager at ``alertmanager``
+    (its base URL)."""
+    binary = require_binary("vmalert")
+    with _workdir(workdir) as work:
+        port = free_port()
+        cmd = [
+            binary,
+            *(f"-rule={path}" for path in rule_files),
+            f"-datasource.url={victoria_metrics}",
+            f"-remoteWrite.url={victoria_metrics}",
+            f"-remoteRead.url={victoria_metrics}",
+            f"-notifier.url={alertmanager}",
+            f"-evaluationInterval={interval}",
+            # Recording rules' results reach VictoriaMetrics within one evaluation (default 5 s).
+            f"-remoteWrite.flushInterval={interval}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            *VMALERT_FLAGS,
+            "-loggerLevel=WARN",
+        ]
+        url = f"http://127.0.0.1:{port}"
+        with start_process(cmd, f"{url}/health", timeout, log_path=work / "vmalert.log") as proc:
+            yield VmAlert(url, proc)
 
 
 # ------------------------------------------------------------------------------------ inferwatch processes

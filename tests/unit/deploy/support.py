@@ -77,8 +77,14 @@ def kustomization_dirs() -> list[Path]:
 
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 GPU_OVERRIDE = COMPOSE_DIR / "compose.gpu.yaml"
+# Sharded Prometheus agents, VictoriaMetrics and vmalert in place of the one Prometheus (a stack of its own).
+FLEET_FILE = COMPOSE_DIR / "compose.fleet.yaml"
 # (Not named "gpu": that is the marker that skips tests on machines without CUDA.)
-VARIANTS = {"default": (COMPOSE_FILE,), "nvidia-override": (COMPOSE_FILE, GPU_OVERRIDE)}
+VARIANTS = {
+    "default": (COMPOSE_FILE,),
+    "nvidia-override": (COMPOSE_FILE, GPU_OVERRIDE),
+    "fleet": (FLEET_FILE,),
+}
 
 
 @functools.cache
@@ -89,6 +95,21 @@ def compose_config(files: tuple[Path, ...]) -> dict[str, Any]:
     result = run_tool(["docker-compose", *args, "config"])
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
     return yaml.safe_load(result.stdout)
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host path of a service's bind mounts (named volumes left out)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, _mode = volume.split(":")
+        if source.startswith("/"):
+            mounts[target] = Path(source)
+    return mounts
+
+
+def container_ports(service: dict[str, Any]) -> set[int]:
+    """The container ports a service publishes."""
+    return {int(p.rsplit(":", 1)[1].split("/")[0]) for p in service.get("ports", [])}
 
 
 # ---------------------------------------------------------------------------------------------- Dockerfiles

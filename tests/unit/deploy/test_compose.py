@@ -19,7 +19,9 @@ from tests.unit.deploy.support import (
     DOCKER_DIR,
     VARIANTS,
     alert_rule_jobs,
+    bind_mounts,
     compose_config,
+    container_ports,
     project_version,
     run_tool,
 )
@@ -41,20 +43,6 @@ def stack(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cpu_stack() -> dict[str, Any]:
     return compose_config(VARIANTS["default"])
-
-
-def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
-    """Container path -> host path of a service's bind mounts (named volumes left out)."""
-    mounts = {}
-    for volume in service.get("volumes", []):
-        source, target, _mode = volume.split(":")
-        if source.startswith("/"):
-            mounts[target] = Path(source)
-    return mounts
-
-
-def container_ports(service: dict[str, Any]) -> set[int]:
-    return {int(p.rsplit(":", 1)[1].split("/")[0]) for p in service.get("ports", [])}
 
 
 def prometheus_config() -> dict[str, Any]:
