@@ -308,7 +308,7 @@ def _shipped(snapshot: Collection) -> bytes:
     """The collection as the helper gets it (:func:`~inferwatch.common.frames.pack_families`): the helper
     encodes every variant from it."""
     if snapshot.shipped is None:
-        snapshot.shipped = pack_families(snapshot.families)
+        snapshot.shipped = pack_families(snapshot.families, lines=True)
     return snapshot.shipped
 
 
