@@ -36,9 +36,12 @@ _TICKS_SAMPLE = re.compile(rf"^{TICKS}_total (\S+)$", re.MULTILINE)
 AGE_HEADER = "Inferwatch-Collection-Age"
 
 
-def build_models(count: int, registry: CollectorRegistry, name: str = "tiny-llama") -> tuple[list, list]:
-    """``count`` instrumented copies of a built-in model on ``registry``, named ``model-00``...: the models
-    and their handles. One build, deep-copied: the same weights, distinct modules (hooks are per object)."""
+def build_models(
+    count: int, registry: CollectorRegistry, name: str = "tiny-llama", config: Any = None
+) -> tuple[list, list]:
+    """``count`` instrumented copies of a built-in model on ``registry``, named ``model-00``... (with
+    ``config``, an ``InstrumentConfig``, where given): the models and their handles. One build,
+    deep-copied: the same weights, distinct modules (hooks are per object)."""
     from inferwatch.instrumentation import instrument
     from inferwatch.instrumentation.demo.models import build_model
 
@@ -47,7 +50,7 @@ def build_models(count: int, registry: CollectorRegistry, name: str = "tiny-llam
     models = [base, *(copy.deepcopy(base) for _ in range(count - 1))]
     handles = []
     for index, model in enumerate(models):
-        handles.append(instrument(model, model_name=f"model-{index:02d}", registry=registry))
+        handles.append(instrument(model, model_name=f"model-{index:02d}", config=config, registry=registry))
     return models, handles
 
 
