@@ -15,6 +15,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from inferwatch.common.prerendered import PrerenderedFamily
 from prometheus_client.metrics_core import Metric
 
 PREFIX = struct.Struct("!II")
@@ -55,19 +56,39 @@ def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     return head, _read_exactly(sock, body_size) if body_size else b""
 
 
-def pack_families(families: Iterable[Metric]) -> bytes:
+def pack_families(families: Iterable[Metric], lines: bool = False) -> bytes:
     """Collected metric families as a frame's body: each family's name, help, type, unit and samples,
     pickled as plain tuples (not the collectors' own classes, which the reader may not be able to import);
-    a third of what encoding an exposition takes."""
-    packed = [(f.name, f.documentation, f.type, f.unit, f.samples) for f in families]
+    a third of what encoding an exposition takes. With ``lines``, a
+    :class:`~inferwatch.common.prerendered.PrerenderedFamily` goes as its encoded lines instead (one bytes
+    object: a copy, not a pickling per sample), for a reader that encodes them (the endpoint's helper)."""
+    packed = [
+        (
+            f.name,
+            f.documentation,
+            f.type,
+            f.unit,
+            f.lines if lines and isinstance(f, PrerenderedFamily) else f.samples,
+        )
+        for f in families
+    ]
     return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _content(family: Metric, lines: bool) -> list[Any] | bytes:
+    if lines and isinstance(family, PrerenderedFamily):
+        return family.lines
+    return family.samples
 
 
 def unpack_families(body: bytes) -> list[Metric]:
     """The families :func:`pack_families` packed. Only for bodies from inferwatch's own processes: the
     body is unpickled."""
-    families = []
+    families: list[Metric] = []
     for name, documentation, kind, unit, samples in pickle.loads(body):
+        if isinstance(samples, bytes):
+            families.append(PrerenderedFamily(name, documentation, kind, unit, samples))
+            continue
         family = Metric(name, documentation, kind, unit)
         family.samples = samples
         families.append(family)

@@ -35,6 +35,11 @@ DEFAULT_ITL_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
     0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
+#: Per-request token times (TPOT, the worst stall): read as p50/p99 on a dashboard, never by a rule, so a
+#: coarser layout than the per-token ITL's, with 0.1 s (the ITL SLO's target, the panel's red line) kept.
+DEFAULT_TPOT_BUCKETS = (
+    0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
 DEFAULT_E2E_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0,
 )  # fmt: skip
@@ -46,6 +51,8 @@ DEFAULT_TOKEN_BUCKETS = (
     1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
 )  # fmt: skip
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: Tokens of one forward pass by kind: read only as a mean (its _sum and _count), so powers of 4.
+DEFAULT_STEP_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
 def _validate_buckets(field: str, buckets: Sequence[float]) -> tuple[float, ...]:
@@ -77,9 +84,10 @@ class InstrumentConfig:
 
     #: ``llm_time_to_first_token_seconds`` and ``llm_request_prefill_seconds``.
     ttft_buckets: tuple[float, ...] = DEFAULT_TTFT_BUCKETS
-    #: ``llm_inter_token_latency_seconds``, ``llm_request_time_per_output_token_seconds``,
-    #: ``llm_request_max_inter_token_latency_seconds``.
+    #: ``llm_inter_token_latency_seconds``.
     itl_buckets: tuple[float, ...] = DEFAULT_ITL_BUCKETS
+    #: ``llm_request_time_per_output_token_seconds``, ``llm_request_max_inter_token_latency_seconds``.
+    tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
     #: ``llm_e2e_request_latency_seconds`` and ``llm_request_decode_seconds``.
     e2e_buckets: tuple[float, ...] = DEFAULT_E2E_BUCKETS
     #: ``llm_forward_seconds``.
@@ -88,6 +96,8 @@ class InstrumentConfig:
     token_buckets: tuple[float, ...] = DEFAULT_TOKEN_BUCKETS
     #: ``llm_batch_size``.
     batch_buckets: tuple[float, ...] = DEFAULT_BATCH_BUCKETS
+    #: ``llm_step_tokens``.
+    step_token_buckets: tuple[float, ...] = DEFAULT_STEP_TOKEN_BUCKETS
     #: Period of the background sampler: allocator memory and retries, KV headroom, busy ratio, bandwidth
     #: and FLOP utilization windows, and NVML readings.
     poll_interval_seconds: float = 5.0

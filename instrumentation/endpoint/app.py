@@ -63,7 +63,10 @@ RENDER_BURST = 0.05
 REFRESH_SHARE = 0.02
 #: The last collections whose CPU (with their encodings) makes the typical cost, as their median: one
 #: slow collection (a garbage collection, the kernel reclaiming memory while it runs) does not hold the
-#: next one back.
+#: next one back. The first collection is not one of them: it does one-off work (the catalogue's collector
+#: formats every series' name and labels once: 0.36 s at 64 models, against 5-10 ms for the next ones),
+#: and as the only cost known it held the next collections back 18 s (docs/benchmarks.md, "Issue 41: the
+#: endpoint at 64 models"). Its CPU still counts against the renderings' budget.
 _COSTS_KEPT = 3
 #: The endpoint's response header with the age, in seconds, of the collection the answer was encoded
 #: from, as it is sent (``0.412``); answers from a collection made for an earlier request also carry
@@ -148,6 +151,7 @@ class Renderer:
         self._rendering = CpuBudget(RENDER_SHARE, RENDER_BURST, clock=lambda: self._rendered, wall=clock)
         self._snapshot: Collection | None = None
         self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # of the collections before the last
+        self.collections = 0  # made so far
 
     def _max_age(self) -> float:
         """How old the last collection may get before a request collects again: MAX_AGE, or the time the
@@ -170,8 +174,9 @@ class Renderer:
             )
             if snapshot is None or collected:
                 families = list(self._registry.collect())
-                if snapshot is not None:
+                if snapshot is not None and self.collections > 1:  # not the first's (_COSTS_KEPT)
                     self._costs.append(snapshot.cost)
+                self.collections += 1
                 snapshot = self._snapshot = Collection(families, now)
             made = make(snapshot)
         finally:

@@ -170,6 +170,13 @@ class HelperService:
             raise
         finally:
             theirs.close()
+        if self._renderer.collections == 0:
+            # The first collection, made while the helper's interpreter starts (0.3-0.6 s): it does the
+            # registry's one-off work (the catalogue's collector formats every series' name once: 0.1 s
+            # at 64 models), which the first scrape would otherwise wait for. A scrape that comes within
+            # MAX_AGE is answered from it. A collector that fails fails the scrapes, as without it.
+            with contextlib.suppress(Exception):
+                self._renderer.use(_shipped)
         reader, writer = await asyncio.open_connection(sock=ours)
         self._control = writer
         self._answered, self._unresponsive = time.monotonic(), False
@@ -308,7 +315,7 @@ def _shipped(snapshot: Collection) -> bytes:
     """The collection as the helper gets it (:func:`~inferwatch.common.frames.pack_families`): the helper
     encodes every variant from it."""
     if snapshot.shipped is None:
-        snapshot.shipped = pack_families(snapshot.families)
+        snapshot.shipped = pack_families(snapshot.families, lines=True)
     return snapshot.shipped
 
 

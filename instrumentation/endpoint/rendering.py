@@ -23,6 +23,7 @@ from inferwatch.common.negotiation import (
     choose_media_type,
     gzip_acceptable,
 )
+from inferwatch.common.prerendered import PrerenderedFamily, encode_families
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -68,8 +69,13 @@ class Collected:
 def restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric]:
     """The families with only their samples named in ``names``, those left with none dropped: what
     prometheus_client's restricted registry serves (``name[]``), for any collector, with units kept."""
-    out = []
+    out: list[Metric] = []
     for family in families:
+        if isinstance(family, PrerenderedFamily):
+            lines = family.restricted(names)
+            if lines is not None:
+                out.append(lines)
+            continue
         samples = [sample for sample in family.samples if sample.name in names]
         if samples:
             kept = copy.copy(family)
@@ -80,7 +86,7 @@ def restricted(families: Iterable[Metric], names: frozenset[str]) -> list[Metric
 
 def encode(collected: Collector, variant: Variant) -> Encoded:
     encoder, content_type = choose_encoder(variant.media)
-    body = encoder(collected)
+    body = encode_families(encoder, collected.collect())
     headers = [("Content-Type", content_type)]
     if variant.gzip:
         body = gzip.compress(body, compresslevel=_GZIP_LEVEL)

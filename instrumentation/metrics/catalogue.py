@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from inferwatch.instrumentation.config import InstrumentConfig
+from inferwatch.instrumentation.metrics.collector import CatalogueCollector
 from inferwatch.instrumentation.metrics.containment import ErrorReporter
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -71,11 +71,11 @@ ITL = _histogram(
     "(a step that yields k tokens per sequence observes k times interval/k).",
 )  # fmt: skip
 TPOT = _histogram(
-    "llm_request_time_per_output_token_seconds", "seconds", M, "itl_buckets",
+    "llm_request_time_per_output_token_seconds", "seconds", M, "tpot_buckets",
     "Per request: mean time per output token after the first (decode time / (tokens - 1)).",
 )  # fmt: skip
 MAX_ITL = _histogram(
-    "llm_request_max_inter_token_latency_seconds", "seconds", M, "itl_buckets",
+    "llm_request_max_inter_token_latency_seconds", "seconds", M, "tpot_buckets",
     "Per request: the longest gap between two consecutive tokens (worst stall).",
 )  # fmt: skip
 E2E = _histogram(
@@ -110,7 +110,7 @@ BATCH_SIZE = _histogram(
     "Sequences in one forward pass (continuous batching: the requests scheduled in the step).",
 )  # fmt: skip
 STEP_TOKENS = _histogram(
-    "llm_step_tokens", "tokens", ("model", "kind"), "token_buckets",
+    "llm_step_tokens", "tokens", ("model", "kind"), "step_token_buckets",
     "Tokens one forward pass processed, by kind: prefill (prompt tokens) or decode (one per sequence "
     "generating its next token). A continuous-batching step usually holds both.",
 )  # fmt: skip
@@ -309,22 +309,6 @@ def _bucket_config(config: InstrumentConfig) -> dict[str, tuple[float, ...]]:
     return {spec.buckets: getattr(config, spec.buckets) for spec in CATALOGUE if spec.buckets}
 
 
-class RunningAges:
-    """Registered ahead of the families (prometheus_client collects in registration order): sets every
-    model's oldest running request's age as of this scrape, a value that exists only when read. It changes
-    that one gauge and nothing else: a scrape has no side effect on models. Yields nothing itself."""
-
-    def __init__(self, refresh: Callable[[], None]) -> None:
-        self._refresh = refresh
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> list:
-        self._refresh()
-        return []
-
-
 class Metrics:
     """The catalogue's collectors on one registry. Use :func:`metrics_for` to get the shared instance.
 
@@ -336,10 +320,12 @@ class Metrics:
         self.buckets = _bucket_config(config)
         #: Guards :attr:`model_series` and :attr:`live_models`.
         self.lock = threading.Lock()
-        registry.register(RunningAges(self._refresh_running_ages))
         self._families: dict[str, MetricWrapperBase] = {}
         for spec in CATALOGUE:
             self._families[spec.name] = self._create(spec)
+        # One collector for every family, which sets the oldest running requests' ages first (a value that
+        # exists only when read) and formats only the series that moved (metrics/collector.py).
+        registry.register(CatalogueCollector(list(self._families.values()), self._refresh_running_ages))
         self.errors = ErrorReporter(self[INSTRUMENTATION_ERRORS], config.error_log_interval_seconds)
         #: model label -> its bound series (inferwatch.instrumentation.metrics.model_series.series_for).
         self.model_series: dict[str, Any] = {}
@@ -347,12 +333,13 @@ class Metrics:
         self.live_models: dict[str, int] = {}
 
     def _create(self, spec: MetricSpec) -> MetricWrapperBase:
-        common = {"name": spec.name, "documentation": spec.help, "labelnames": spec.labels}
+        """The family, registered on no registry: :class:`CatalogueCollector` collects it."""
+        common = {"name": spec.name, "documentation": spec.help, "labelnames": spec.labels, "registry": None}
         if spec.type == "counter":
-            return Counter(registry=self.registry, **common)
+            return Counter(**common)
         if spec.type == "gauge":
-            return Gauge(registry=self.registry, multiprocess_mode=spec.multiprocess_mode, **common)
-        return Histogram(registry=self.registry, buckets=self.buckets[spec.buckets], **common)
+            return Gauge(multiprocess_mode=spec.multiprocess_mode, **common)
+        return Histogram(buckets=self.buckets[spec.buckets], **common)
 
     def __getitem__(self, spec: MetricSpec) -> MetricWrapperBase:
         return self._families[spec.name]

@@ -499,6 +499,26 @@ def test_one_slow_collection_does_not_hold_the_next_back(clocked: Any) -> None:
         assert scrape() == (collections, None, "0.000")
 
 
+def test_a_costly_first_collection_does_not_hold_the_next_ones_back(clocked: Any) -> None:
+    """A registry's first collection does one-off work (the catalogue's collector formats every series'
+    name once): its cost is not a typical one."""
+    clock, collector, rendering, scrape = clocked
+    rendering.is_available = False
+    collector.cost = 0.3
+    assert scrape()[0] == 1
+    collector.cost = 0.002
+    for collections in (2, 3, 4, 5):
+        clock.advance(MAX_AGE)
+        assert scrape() == (collections, None, "0.000")
+    # Three costly collections in a row are typical: then they are paid back at REFRESH_SHARE.
+    collector.cost = 0.3
+    for collections in (6, 7, 8):
+        clock.advance(MAX_AGE)
+        assert scrape()[0] == collections
+    clock.advance(MAX_AGE)
+    assert scrape()[0] == 8
+
+
 class _Families:
     """A collector that is not a registry: ``name[]`` restricts it too."""
 
