@@ -162,31 +162,18 @@ def run_e2e(seconds: float) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
     from tests.support.manymodels import (
-        Generating,
-        Ticker,
-        build_models,
         measure_ages,
         quantile,
         scrape_from_another_process,
+        serving_models,
     )
 
     registry = CollectorRegistry()
-    models, handles = build_models(MODELS, registry)
-    generating = Generating(models)
-    generating.warm()
-    ticker = Ticker(registry)
-    ticker.start()
-    generating.start()
-    try:
-        with start_http_server(0, registry=registry) as server:
-            scraper = scrape_from_another_process(server.port, seconds)
-    finally:
-        generating.stop.set()
-        ticker.stop.set()
-        generating.join(30)
-        ticker.join(5)
-        for handle in handles:
-            handle.remove()
+    with (
+        serving_models(MODELS, registry) as (generating, ticker),
+        start_http_server(0, registry=registry) as server,
+    ):
+        scraper = scrape_from_another_process(server.port, seconds)
     measure_ages(scraper.scrapes, list(ticker.times))
     scrapes = scraper.scrapes
     latencies = [s.latency for s in scrapes]

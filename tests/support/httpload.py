@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import http.client
 import os
 import signal
 import socket
@@ -82,6 +84,55 @@ PROMETHEUS_HEADERS = (
     ("User-Agent", "Prometheus/2.53.0"),
     ("X-Prometheus-Scrape-Timeout-Seconds", "10"),
 )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One scrape's answer: when it was sent and fully read (``time.monotonic``), its status, headers and
+    body (un-gzipped)."""
+
+    sent: float
+    received: float
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+
+def scrape_every(
+    port: int, period: float, until: float, headers: Mapping[str, str], keep_alive: bool = True
+) -> Iterator[Answer | str]:
+    """``GET /metrics`` on loopback ``port`` every ``period`` seconds until ``until`` (``time.monotonic``),
+    on one kept-alive connection (a new one after an error) or a new one per scrape: each answer, or the
+    error that took its place."""
+    connection: http.client.HTTPConnection | None = None
+    due = time.monotonic()
+    try:
+        while due < until:
+            time.sleep(max(0.0, due - time.monotonic()))
+            due += period
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_TIMEOUT)
+                sent = time.monotonic()
+                connection.request("GET", "/metrics", headers=dict(headers))
+                response = connection.getresponse()
+                body = response.read()
+                received = time.monotonic()
+            except (OSError, http.client.HTTPException) as exc:
+                if connection is not None:
+                    connection.close()
+                connection = None
+                yield repr(exc)
+                continue
+            if not keep_alive:
+                connection.close()
+                connection = None
+            if response.getheader("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            yield Answer(sent, received, response.status, response.headers, body)
+    finally:
+        if connection is not None:
+            connection.close()
 
 
 @dataclass(frozen=True)

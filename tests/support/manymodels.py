@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gzip
-import http.client
 import json
 import random
 import re
@@ -22,13 +20,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from tests.support.httpload import PROMETHEUS_HEADERS
+from tests.support.httpload import PROMETHEUS_HEADERS, scrape_every
 
 TICKS = "inferwatch_test_ticks"
 _TICKS_SAMPLE = re.compile(rf"^{TICKS}_total (\S+)$", re.MULTILINE)
@@ -113,6 +113,27 @@ class Ticker(threading.Thread):
             self.times.append(time.monotonic())
 
 
+@contextmanager
+def serving_models(count: int, registry: CollectorRegistry) -> Iterator[tuple[Generating, Ticker]]:
+    """``count`` models (:func:`build_models`) on ``registry`` while one of them generates now and then and
+    a :class:`Ticker` dates the collections; both threads stopped and the models uninstrumented after."""
+    models, handles = build_models(count, registry)
+    generating = Generating(models)
+    generating.warm()
+    ticker = Ticker(registry)
+    ticker.start()
+    generating.start()
+    try:
+        yield generating, ticker
+    finally:
+        generating.stop.set()
+        ticker.stop.set()
+        generating.join(30)
+        ticker.join(5)
+        for handle in handles:
+            handle.remove()
+
+
 @dataclass
 class Scrape:
     sent: float
@@ -139,39 +160,28 @@ class Scraper:
     errors: list[str] = field(default_factory=list)
 
     def run(self, seconds: float) -> None:
-        connection: http.client.HTTPConnection | None = None
-        due = time.monotonic()
-        until = due + seconds
-        while due < until:
-            time.sleep(max(0.0, due - time.monotonic()))
-            due += self.period
-            try:
-                if connection is None:
-                    connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                sent = time.monotonic()
-                connection.request("GET", "/metrics", headers=dict(PROMETHEUS_HEADERS))
-                response = connection.getresponse()
-                body = response.read()
-                received = time.monotonic()
-                if response.getheader("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                text = body.decode()
-                found = _TICKS_SAMPLE.search(text)
-                stated = response.getheader(AGE_HEADER)
-                if response.status != 200 or found is None or stated is None:
-                    self.errors.append(f"HTTP {response.status}, ticks: {found is not None}, age: {stated}")
-                    continue
-                models = len(set(re.findall(r'^llm_requests_total\{model="([^"]*)"', text, re.MULTILINE)))
-                self.scrapes.append(
-                    Scrape(sent, received, int(float(found[1])), float(stated), len(body), models)
+        until = time.monotonic() + seconds
+        for answer in scrape_every(self.port, self.period, until, dict(PROMETHEUS_HEADERS)):
+            if isinstance(answer, str):
+                self.errors.append(answer)
+                continue
+            text = answer.body.decode()
+            found = _TICKS_SAMPLE.search(text)
+            stated = answer.headers.get(AGE_HEADER)
+            if answer.status != 200 or found is None or stated is None:
+                self.errors.append(f"HTTP {answer.status}, ticks: {found is not None}, age: {stated}")
+                continue
+            models = len(set(re.findall(r'^llm_requests_total\{model="([^"]*)"', text, re.MULTILINE)))
+            self.scrapes.append(
+                Scrape(
+                    answer.sent,
+                    answer.received,
+                    int(float(found[1])),
+                    float(stated),
+                    len(answer.body),
+                    models,
                 )
-            except (OSError, http.client.HTTPException) as exc:
-                self.errors.append(repr(exc))
-                if connection is not None:
-                    connection.close()
-                connection = None
-        if connection is not None:
-            connection.close()
+            )
 
 
 def measure_ages(scrapes: list[Scrape], times: list[float]) -> None:

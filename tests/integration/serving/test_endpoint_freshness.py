@@ -27,8 +27,6 @@ client beside the 5 Hz one up to 20.9 s old.
 
 from __future__ import annotations
 
-import gzip
-import http.client
 import re
 import threading
 import time
@@ -44,7 +42,7 @@ from inferwatch.instrumentation.endpoint.server import MetricsServer, start_http
 from prometheus_client import CollectorRegistry, Counter
 from transformers.generation.streamers import BaseStreamer
 
-from tests.support.httpload import PROMETHEUS_HEADERS
+from tests.support.httpload import PROMETHEUS_HEADERS, scrape_every
 
 pytestmark = pytest.mark.integration
 
@@ -100,39 +98,18 @@ class Scraper:
     errors: list[str] = field(default_factory=list)
 
     def run(self, until: float) -> None:
-        connection: http.client.HTTPConnection | None = None
-        due = time.monotonic()
-        while due < until:
-            time.sleep(max(0.0, due - time.monotonic()))
-            due += self.period
-            try:
-                if connection is None:
-                    connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                sent = time.monotonic()
-                connection.request("GET", "/metrics", headers=self.headers)
-                response = connection.getresponse()
-                body = response.read()
-                received = time.monotonic()
-                if not self.keep_alive:
-                    connection.close()
-                    connection = None
-                if response.getheader("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                found = _STEPS_SAMPLE.search(body.decode())
-                if response.status != 200 or found is None:
-                    self.errors.append(f"HTTP {response.status}, steps found: {found is not None}")
-                    continue
-                stated = response.getheader(AGE_HEADER)
-                self.scrapes.append(
-                    Scrape(sent, received, int(float(found[1])), float(stated) if stated else None)
-                )
-            except (OSError, http.client.HTTPException) as exc:
-                self.errors.append(repr(exc))
-                if connection is not None:
-                    connection.close()
-                connection = None
-        if connection is not None:
-            connection.close()
+        for answer in scrape_every(self.port, self.period, until, self.headers, self.keep_alive):
+            if isinstance(answer, str):
+                self.errors.append(answer)
+                continue
+            found = _STEPS_SAMPLE.search(answer.body.decode())
+            if answer.status != 200 or found is None:
+                self.errors.append(f"HTTP {answer.status}, steps found: {found is not None}")
+                continue
+            stated = answer.headers.get(AGE_HEADER)
+            self.scrapes.append(
+                Scrape(answer.sent, answer.received, int(float(found[1])), float(stated) if stated else None)
+            )
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry
 from tests.support.manymodels import (
     Generating,
     Ticker,
-    build_models,
     measure_ages,
     quantile,
     scrape_from_another_process,
+    serving_models,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
@@ -45,21 +45,8 @@ P99 = 0.1
 @pytest.fixture(scope="module")
 def serving() -> Iterator[tuple[CollectorRegistry, Generating, Ticker]]:
     registry = CollectorRegistry()
-    models, handles = build_models(MODELS, registry)
-    generating = Generating(models)
-    generating.warm()
-    ticker = Ticker(registry)
-    ticker.start()
-    generating.start()
-    try:
+    with serving_models(MODELS, registry) as (generating, ticker):
         yield registry, generating, ticker
-    finally:
-        generating.stop.set()
-        ticker.stop.set()
-        generating.join(30)
-        ticker.join(5)
-        for handle in handles:
-            handle.remove()
     assert not generating.failures, generating.failures
 
 
