@@ -239,14 +239,18 @@ class Prometheus:
 
     def wait_for_history(self, selector: str, seconds: float) -> float:
         """Until ``selector`` has ``seconds`` worth of samples (one a second: the default scrape interval)
-        in some series; returns the newest sample's time."""
+        in some series that is live now; returns the newest sample's time.
+
+        Live, because the window may still hold a stopped target's samples (a restarted exporter's first
+        life) while its series are stale-marked and the new life has not been scraped yet."""
         expr = f"count_over_time({selector}[{int(seconds) + 5}s])"
-        wait_until(
-            lambda: any(float(r["value"][1]) >= seconds for r in self.query(expr)),
-            seconds + 120,
-            f"{seconds}s of {selector} in Prometheus",
-        )
-        return max(float(r["value"][1]) for r in self.query(f"timestamp({selector})"))
+
+        def live_sample_times() -> list[float]:
+            if not any(float(r["value"][1]) >= seconds for r in self.query(expr)):
+                return []
+            return [float(r["value"][1]) for r in self.query(f"timestamp({selector})")]
+
+        return max(wait_until(live_sample_times, seconds + 120, f"{seconds}s of {selector} in Prometheus"))
 
     def alerts(self) -> list[dict[str, Any]]:
         """Active (pending or firing) alerts as Prometheus sees them."""
