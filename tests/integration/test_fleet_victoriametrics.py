@@ -271,10 +271,18 @@ def test_recording_rules_results_are_written_back_into_victoriametrics(fleet: Fl
     wait_until(
         all_written, 90, lambda: f"every recording rule's series in VictoriaMetrics (missing: {pending})"
     )
-    # Per job, instance and model, from both serving endpoints, whichever agent scraped them.
-    ttft = vm.query('instance_model:llm_time_to_first_token_seconds:quantile_rate5m{quantile="0.5"}')
-    assert {s["metric"]["instance"] for s in ttft} == set(fleet.targets[SERVING_JOB])
-    assert all(s["metric"]["model"] == MODEL and s["metric"]["job"] == SERVING_JOB for s in ttft)
+    # The bucket rates of both serving endpoints, whichever agent scraped them, summed per job and model:
+    # one series per bucket bound, and the quantile read from it, one series per model.
+    raw = vm.query("count(llm_time_to_first_token_seconds_bucket) by (instance)")
+    assert {s["metric"]["instance"] for s in raw} == set(fleet.targets[SERVING_JOB])
+    buckets = vm.query("job_model:llm_time_to_first_token_seconds_bucket:rate5m")
+    first = fleet.targets[SERVING_JOB][0]
+    bounds = vm.query(f'count(llm_time_to_first_token_seconds_bucket{{instance="{first}"}}) by (le)')
+    assert sorted(s["metric"]["le"] for s in buckets) == sorted(s["metric"]["le"] for s in bounds)
+    ttft = vm.query('job_model:llm_time_to_first_token_seconds:quantile_rate5m{quantile="0.5"}')
+    assert [(s["metric"]["job"], s["metric"]["model"], "instance" in s["metric"]) for s in ttft] == [
+        (SERVING_JOB, MODEL, False)
+    ]
     ratio = vm.query("job_model:llm_time_to_first_token_seconds:slo_error_ratio_rate5m")
     assert [float(s["value"][1]) for s in ratio] == [0.0], ratio
 
