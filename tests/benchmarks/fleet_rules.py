@@ -1,5 +1,5 @@
-"""Rule evaluation for a fleet: the rules before and after issue 41's recording chain, on Prometheus and on
-vmalert over VictoriaMetrics, against a simulated fleet slice of 10, 50 and 100 nodes (docs/benchmarks.md,
+"""Rule evaluation for a fleet: the rules of an earlier revision against the working tree's, on Prometheus and
+on vmalert over VictoriaMetrics, against a simulated fleet slice of 10, 50 and 100 nodes (docs/benchmarks.md,
 "Issue 41: rules at fleet scale").
 
 A node is what one GPU node shows Prometheus: an ``inferwatch-exporter`` over the NVML stand-in with 8
@@ -13,9 +13,10 @@ buckets stay cumulative and every rate is non-zero); gauges replay as captured.
 
 For each fleet size, one Prometheus scrapes every target and evaluates both rule files; it remote-writes
 what it scrapes to one VictoriaMetrics, which one vmalert evaluates the same two rule files against. The
-rules before are ``git show <merge-base with main>:alerts/rules.yaml`` with their groups renamed
-``before-*`` and their recorded names prefixed ``before_`` (names cost nothing; without that, the two
-files would record the same series), the rules after are the working tree's ``alerts/rules.yaml``.
+rules before are ``git show REV:alerts/rules.yaml`` (``--before REV``; by default the merge base with
+main) with their groups renamed ``before-*`` and their recorded names prefixed ``before_`` (names cost
+nothing; without that, the two files would record the same series), the rules after are the working
+tree's ``alerts/rules.yaml``.
 Scrapes and evaluations run every ``--interval`` (15 s: the interval the extrapolation is for). After
 ``--fill`` seconds (5 minutes: the 5m windows are full; the 30m, 1h and 6h windows hold only what the run
 had, see docs/benchmarks.md), it reads for ``--measure`` seconds:
@@ -216,9 +217,14 @@ def before_rules(text: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=1_000_000)
 
 
-def merge_base_rules() -> tuple[str, str]:
+def rules_at(revision: str | None) -> tuple[str, str]:
+    """The commit of ``revision`` (by default the merge base with main) and its ``alerts/rules.yaml``."""
     base = subprocess.run(
-        ["git", "merge-base", "HEAD", "main"], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+        ["git", "rev-parse", revision] if revision else ["git", "merge-base", "HEAD", "main"],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     text = subprocess.run(
         ["git", "show", f"{base}:alerts/rules.yaml"],
@@ -495,6 +501,11 @@ def main() -> int:
         default=0,
         help="also report the totals per window of this many seconds of the measurement (0: only overall)",
     )
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="the revision whose rules are 'before' (default: the merge base with main)",
+    )
     parser.add_argument("--target-nodes", type=int, default=1000, help="nodes to extrapolate to")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
@@ -514,7 +525,7 @@ def main() -> int:
         work = Path(tmp)
         captured = capture(work)
         templates = {name: Template(text) for name, text in captured.items()}
-        base, before_text = merge_base_rules()
+        base, before_text = rules_at(args.before)
         before, after = work / "rules-before.yaml", work / "rules-after.yaml"
         before.write_text(before_rules(before_text))
         shutil.copy(REPO_ROOT / "alerts" / "rules.yaml", after)
