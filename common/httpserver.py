@@ -303,9 +303,11 @@ class CpuBudget:
     """A share of one core: a token bucket of CPU seconds.
 
     The bucket fills at ``share`` CPU seconds per second up to ``burst``, and every look drains it by the
-    CPU time ``clock`` counted since the previous look. By default ``clock`` is ``time.thread_time``: the
-    CPU of the thread that uses the budget (request parsing, rendering, everything its loop did); a
-    caller may count something narrower instead, such as the CPU its answers or renderings took. The
+    CPU time ``clock`` counted since the previous look, paid from what it gained since then before it is
+    held to ``burst`` (CPU spent over a quiet spell at less than ``share`` leaves it full). By default
+    ``clock`` is ``time.thread_time``: the CPU of the thread that uses the budget (request parsing,
+    rendering, everything its loop did); a caller may count something narrower instead, such as the CPU
+    its answers or renderings took. The
     seconds it fills by, and waits for, are ``wall``'s (a clock a test moves, instead of waiting).
     :meth:`acquire` waits while the bucket is empty, one waiter at a time, so a client scraping in a loop
     is slowed down instead of taking a core from the serving process; an ``urgent`` caller (a client that
@@ -356,10 +358,14 @@ class CpuBudget:
                 await self._wall.sleep((self.burst / 10 - self._tokens) / self.share)
 
     def _refill(self) -> None:
+        # What was used since the last look is paid from what the bucket gained over the same seconds,
+        # and only then is the bucket held to the burst: CPU spent long before this look (the helper
+        # process's idle work, counted with its whole thread) was paid back as it went. Capping first and
+        # charging after put every CPU second of a quiet spell on the first request after it: a scrape
+        # after 130 s of an idle helper waited 3-4 s (docs/benchmarks.md, "The first scrape after idle").
         wall, used = self._wall.monotonic(), self._clock()
         if self._used is None:
             self._looked, self._used = wall, used
-        self._tokens = min(self.burst, self._tokens + (wall - self._looked) * self.share) - (
-            used - self._used
-        )
+        gained = (wall - self._looked) * self.share
+        self._tokens = min(self.burst, self._tokens + gained - (used - self._used))
         self._looked, self._used = wall, used

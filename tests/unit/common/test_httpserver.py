@@ -358,6 +358,41 @@ def test_an_urgent_caller_skips_the_queue_and_may_borrow_one_burst() -> None:
     assert asyncio.run(scenario()) == ["urgent"]
 
 
+def test_cpu_spent_over_a_quiet_spell_within_the_share_is_not_charged_to_the_next_caller() -> None:
+    """The CPU a budget's thread spends between two looks is paid from what the bucket gained over the
+    same seconds: the endpoint's helper process counts its whole thread, whose idle work (pings, parent
+    checks, heap trims: ~4 ms a second) made the first scrape after 130 s of quiet wait 3-4 s."""
+    used = [0.0]
+    clock = ManualClock()
+
+    async def scenario() -> tuple[float, float, float]:
+        budget = CpuBudget(share=0.1, burst=0.1, clock=lambda: used[0], wall=clock)
+        assert budget.available()  # the first look
+        for _ in range(130):  # no look for 130 s, 4 ms of CPU in each
+            clock.advance(1.0)
+            used[0] += 0.004
+        full = budget._refilled()
+        urgent = await clock.advance_until_done(asyncio.ensure_future(budget.acquire(urgent=True)), 0.01)
+        queued = await clock.advance_until_done(asyncio.ensure_future(budget.acquire()), 0.01)
+        return full, urgent, queued
+
+    full, urgent, queued = asyncio.run(scenario())
+    assert full == pytest.approx(0.1)
+    assert urgent == 0.0 and queued == 0.0
+
+
+def test_cpu_spent_beyond_what_a_quiet_spell_refilled_is_still_owed() -> None:
+    used = [0.0]
+    clock = ManualClock()
+    budget = CpuBudget(share=0.1, burst=0.1, clock=lambda: used[0], wall=clock)
+    assert budget.available()
+    clock.advance(10.0)  # 1 s of CPU gained, 1.5 s spent: 0.4 s in debt, full as the spell began
+    used[0] += 1.5
+    assert budget._refilled() == pytest.approx(-0.4)
+    clock.advance(5.0)  # 0.5 s gained: back to the burst, no more
+    assert budget._refilled() == pytest.approx(0.1)
+
+
 def test_a_taken_port_is_an_os_error_in_the_callers_thread() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
