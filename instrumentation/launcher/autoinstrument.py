@@ -114,14 +114,17 @@ def _start_server() -> None:
 
 
 def _share_arrival_table() -> None:
-    """The table the program's processes hand their requests' arrivals over in, announced to them."""
+    """The table the program's processes hand their requests' arrivals over in, announced to them. An
+    anonymous file's descriptor is held open for the program's life (the others open it through this
+    process's ``/proc``); a temporary file, where there is none, is removed at exit."""
     try:
         table = create_table_file()
     except OSError as exc:
         logger.warning("inferwatch run: requests are timed from the engine, not their arrival: %s", exc)
         return
-    atexit.register(_remove, table)
-    os.environ[ARRIVALS_ENV] = table
+    if table.temporary:
+        atexit.register(_remove, table.path)
+    os.environ[ARRIVALS_ENV] = table.path
 
 
 def _program_registry() -> ProgramCollector | None:

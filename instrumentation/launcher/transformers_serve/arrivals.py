@@ -10,22 +10,35 @@ Times are ``time.perf_counter()``, which on Linux is the system-wide monotonic c
 process of the machine (:func:`shared_clock`). The table has :data:`SLOTS` slots, a request's id picks
 one; a slot holds the id beside the time, so a request whose slot was taken over by a later one (more
 than :data:`SLOTS` requests in between) is timed from its entry into the engine instead, never from
-another request's arrival. This module does not import torch.
+another request's arrival.
+
+The table is an anonymous file (``memfd_create``) that the process serving the endpoint holds open; the
+others open it through that process's ``/proc/PID/fd/N``, which :data:`ARRIVALS_ENV` names. Nothing of
+it is on a file system: it goes with the last process that has it open or mapped, however the program
+ends (an exit, a signal, ``SIGKILL``). Where there is no ``memfd_create`` or no ``/proc``, it is a
+temporary file, removed at exit (not when the process is killed). This module does not import torch.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
 import tempfile
 import time
+from dataclasses import dataclass
 
-#: The table's file, created by the process that serves the endpoint, inherited by its descendants.
+#: The path the table's file is opened by (``/proc/PID/fd/N``, or a temporary file's), set by the process
+#: that serves the endpoint, inherited by its descendants.
 ARRIVALS_ENV = "INFERWATCH_ARRIVALS_FILE"
+#: The temporary file's name prefix, where no anonymous file can be made.
+_PREFIX = "inferwatch-arrivals-"
 SLOTS = 1 << 16
 _SLOT = struct.Struct("<qd")  # the request's id, its arrival time
 _EMPTY = -1
+
+logger = logging.getLogger(__name__)
 
 
 def shared_clock() -> bool:
@@ -33,14 +46,40 @@ def shared_clock() -> bool:
     return time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
 
 
-def create_table_file() -> str:
-    """A new, empty table's file (the caller removes it)."""
-    fd, path = tempfile.mkstemp(prefix="inferwatch-arrivals-")
+@dataclass(frozen=True)
+class TableFile:
+    """A new table's file: the ``path`` the program's processes open it by, the descriptor that keeps an
+    anonymous one alive (held by its creator for the program's life), and whether ``path`` is a temporary
+    file that its creator must remove."""
+
+    path: str
+    fd: int | None
+    temporary: bool
+
+
+def create_table_file() -> TableFile:
+    """A new, empty table's file: anonymous where the system allows (nothing to remove, nothing left
+    behind), else a temporary file."""
+    empty = _SLOT.pack(_EMPTY, 0.0) * SLOTS
     try:
-        os.write(fd, _SLOT.pack(_EMPTY, 0.0) * SLOTS)
+        fd = os.memfd_create("inferwatch-arrivals")  # close-on-exec: children open the path instead
+    except (AttributeError, OSError):  # not Linux, or a kernel or sandbox without it
+        fd = None
+    if fd is not None:
+        try:
+            os.write(fd, empty)
+            path = f"/proc/{os.getpid()}/fd/{fd}"
+            if os.stat(path).st_size == len(empty):  # /proc is there, and names this file
+                return TableFile(path, fd, temporary=False)
+        except OSError:
+            pass
+        os.close(fd)
+    fd, path = tempfile.mkstemp(prefix=_PREFIX)
+    try:
+        os.write(fd, empty)
     finally:
         os.close(fd)
-    return path
+    return TableFile(path, None, temporary=True)
 
 
 class ArrivalTable:
@@ -77,6 +116,13 @@ def program_table() -> ArrivalTable | None:
         if path and shared_clock():
             try:
                 _table = ArrivalTable(path)
-            except (OSError, ValueError):
-                _table = None
+            except (OSError, ValueError) as exc:
+                # The owner gone, or its /proc closed to this process: say so, or every TTFT here would
+                # quietly lose its time in the API process.
+                logger.warning(
+                    "inferwatch: the program's arrival table %s cannot be opened (%s): requests in this "
+                    "process are timed from their entry into the engine, not from their arrival",
+                    path,
+                    exc,
+                )
     return _table
