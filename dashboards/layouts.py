@@ -100,6 +100,9 @@ def overview() -> models.Dashboard:
                     timeseries_panel(latency.end_to_end_latency()),
                     timeseries_panel(latency.per_request_token_time()),
                     timeseries_panel(latency.first_token_against_first_content(), width=24),
+                    timeseries_panel(
+                        latency.per_model_over_replicas(), width=24, no_value=latency.NO_RECORDED_QUANTILE
+                    ),
                 ],
             ),
             (

@@ -8,7 +8,17 @@ from inferwatch.alerts.rules.recording import mean_record
 from inferwatch.common import names, promql
 
 from ..grafana import RATE, PanelSpec, Query, above, normal
-from .queries import MODEL_LEGEND, QUANTILES, alert_settings, mean, percentile, query, serving
+from .queries import (
+    MODEL_LEGEND,
+    QUANTILES,
+    alert_settings,
+    mean,
+    percentile,
+    query,
+    recorded_quantile,
+    recorded_quantiles,
+    serving,
+)
 
 
 def _latency(
@@ -129,4 +139,35 @@ def latency_fluctuation() -> PanelSpec:
         "percentunit",
         above(settings["coefficient_of_variation_above"]),
         [query(promql.coefficient_of_variation(means, window, RATE), MODEL_LEGEND)],
+    )
+
+
+NO_RECORDED_QUANTILE = "No recorded percentile (recording.quantiles is empty, or no rules are loaded)"
+
+
+def per_model_over_replicas() -> PanelSpec:
+    """The highest recorded quantile of time to first token, inter-token and end-to-end latency per model,
+    over every replica: a fleet's view, one line per model and histogram."""
+    recorded = recorded_quantiles()
+    histograms = (
+        (names.LLM_TIME_TO_FIRST_TOKEN_SECONDS, "TTFT"),
+        (names.LLM_INTER_TOKEN_LATENCY_SECONDS, "inter-token"),
+        (names.LLM_E2E_REQUEST_LATENCY_SECONDS, "end-to-end"),
+    )
+    queries = []
+    if recorded:
+        top = max(recorded)
+        queries = [
+            recorded_quantile(metric, top, f"{what} p{top * 100:g} {{{{model}}}}")
+            for metric, what in histograms
+        ]
+    return PanelSpec(
+        "Latency per model, every replica",
+        "Per model over all its replicas (the instance selection does not apply): the recording rules' "
+        "percentiles, from the bucket rates of every replica added first (never replicas' percentiles "
+        "averaged), over the recording window (5m by default). The panels above are per replica; this one "
+        "is what a fleet's service level looks like, and costs one recorded series per line to draw.",
+        "s",
+        normal(),
+        queries,
     )

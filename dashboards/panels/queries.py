@@ -26,8 +26,9 @@ from functools import cache
 from typing import Any
 
 from inferwatch.alerts.config import Selectors, merge_config
+from inferwatch.alerts.rules.recording import quantile_record
 from inferwatch.common import names, promql
-from inferwatch.common.promql import PER_MODEL, Matcher, Selector, regex
+from inferwatch.common.promql import PER_MODEL, Matcher, Selector, eq, num, regex
 
 from ..grafana import RATE, Query
 
@@ -68,6 +69,22 @@ def _config() -> Mapping[str, Any]:
 def alert_settings(name: str) -> Mapping[str, Any]:
     """The settings of alert ``name`` (alerts/config.yaml, or the configuration in use)."""
     return _config()["alerts"][name]
+
+
+def recorded_quantiles() -> list[float]:
+    """The quantiles the recording rules record (``recording.quantiles`` of the configuration in use)."""
+    return list(_config()["recording"]["quantiles"])
+
+
+def recorded_quantile(metric: str, quantile: float, legend: str) -> Query:
+    """The recorded ``quantile`` of histogram ``metric`` per job and model over every instance (the
+    recording rules' ``job_model:<metric>:quantile_rate<window>``; the instance variable does not apply):
+    one line per model however many replicas serve it, read instead of computed."""
+    window = _config()["recording"]["quantile_window"]
+    recorded = selectors().for_serving(
+        quantile_record(metric, window), MODEL_VARIABLE, eq("quantile", num(quantile))
+    )
+    return query(recorded, legend)
 
 
 def selectors() -> Selectors:

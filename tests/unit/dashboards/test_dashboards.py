@@ -108,7 +108,11 @@ def test_every_panel_filters_by_the_variables_it_can() -> None:
         # The GPU side of a join onto each model's GPU is found by UUID on whichever exporter has it: the
         # instance variable selects the model's serving endpoint there.
         models, _, models_gpu = expr.partition("on (uuid) group_left")
-        for selector in re.findall(r"[a-z_]+\{[^}]*\}", models):
+        for selector in re.findall(r"[a-z_:][a-z0-9_:]*\{[^}]*\}", models):
+            if selector.startswith("job_model:"):
+                # Recorded per job and model over every replica: no instance to select.
+                assert 'model=~"$model"' in selector and "instance" not in selector, (where, selector)
+                continue
             assert 'instance=~"$instance"' in selector, (where, selector)
             if selector.startswith("gpu_"):
                 assert 'gpu=~"$gpu"' in selector, (where, selector)
@@ -183,7 +187,7 @@ def test_every_selector_starts_with_its_jobs_configured_matchers() -> None:
     selectors = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text())["selectors"]
     for where, expr in _exprs():
         for metric, matchers in re.findall(r"([a-z_:][a-z0-9_:]*)\{([^}]*)\}", expr):
-            job = "serving" if metric.startswith(("llm_", "instance_model:")) else "exporter"
+            job = "serving" if metric.startswith(("llm_", "instance_model:", "job_model:")) else "exporter"
             if metric != "up":
                 assert matchers.startswith(selectors[job]), (where, metric, matchers)
 
