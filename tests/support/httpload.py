@@ -29,6 +29,8 @@ from typing import Any
 
 import psutil
 
+from tests.support.reaper import forget, kill_with_this_process
+
 # A scrape that takes longer has failed at Prometheus (its default scrape timeout is 10 s): counted as an
 # error, so that a server whose backlog overflows cannot stall a scenario for minutes of SYN retries.
 CONNECT_TIMEOUT = 10.0
@@ -393,6 +395,7 @@ def exporter_listening(port: int, cmd: Sequence[str], env: Mapping[str, str]) ->
     listens and two collections have read every GPU; killed with its children at the end."""
     with tempfile.TemporaryFile() as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        kill_with_this_process(popen.pid)
         try:
             wait_listening(port, popen, log)
             time.sleep(2.5)  # two collections at the benchmarks' 1 s interval
@@ -401,6 +404,7 @@ def exporter_listening(port: int, cmd: Sequence[str], env: Mapping[str, str]) ->
             if popen.poll() is None:
                 os.killpg(popen.pid, signal.SIGKILL)
             popen.wait()
+            forget(popen.pid)
 
 
 def raise_fd_limit(wanted: int) -> None:

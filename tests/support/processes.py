@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.reaper import forget, kill_with_this_process
 
 #: The ``inferwatch`` command of this interpreter's installation.
 INFERWATCH = (sys.executable, "-m", "inferwatch.cli")
@@ -45,7 +47,7 @@ def spawn(
     args: Sequence[str], workdir: Path, *, env: Mapping[str, str] | None = None, name: str = "process"
 ) -> Iterator[Process]:
     """Start ``args`` in its own session (so a kill reaches its children); kill it at the end if it is
-    still running."""
+    still running, and with the test process if that ends first (:mod:`.reaper`)."""
     stdout_path, stderr_path = workdir / f"{name}.out", workdir / f"{name}.err"
     with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         popen = subprocess.Popen(
@@ -57,12 +59,14 @@ def spawn(
             cwd=workdir,
             start_new_session=True,
         )
+    kill_with_this_process(popen.pid)
     try:
         yield Process(popen, stdout_path, stderr_path)
     finally:
-        if popen.poll() is None:
+        with suppress(ProcessLookupError):  # its first process may be gone, and others of the group not
             os.killpg(popen.pid, signal.SIGKILL)
         popen.wait(timeout=30)
+        forget(popen.pid)
 
 
 def run(

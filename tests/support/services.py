@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from tests.support import free_port, http_get
+from tests.support.reaper import forget, kill_with_this_process
 
 # How long a stopped process gets to exit after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 10.0
@@ -140,7 +141,8 @@ def start_process(
     env: Mapping[str, str] | None = None,
     log_path: Path | None = None,
 ) -> Iterator[RunningProcess]:
-    """Start ``cmd``, yield once ``ready_url`` answers 200 within ``timeout`` seconds, always stop it.
+    """Start ``cmd``, yield once ``ready_url`` answers 200 within ``timeout`` seconds, always stop it
+    (with the test process too, if that ends first: :mod:`.reaper`).
 
     ``env`` is merged over the current environment. Output goes to ``log_path`` (a temporary file when
     not given), quoted in the error when the process dies or never gets ready.
@@ -156,12 +158,14 @@ def start_process(
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
             )
+        kill_with_this_process(popen.pid)
         proc = RunningProcess(popen, log_file, ready_url)
         try:
             _wait_ready(proc, timeout)
             yield proc
         finally:
             proc.stop()
+            forget(popen.pid)
 
 
 def run_inferwatch(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
