@@ -24,6 +24,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from tests.support import free_port, http_get, sample_value, wait_for_http
+from tests.support.clienttiming import without_gc_pauses
 from tests.support.processes import INFERWATCH, Process, spawn
 from tests.support.services import wait_until
 
@@ -147,34 +148,35 @@ class Completion:
 
 def stream_chat(client: OpenAI, model: str, prompt: str, max_tokens: int, **options: object) -> Completion:
     """One streaming chat completion, timed as a user of the API times it."""
-    start = time.perf_counter()
-    first: float | None = None
-    chunks = 0
-    usage = None
-    reason = None
-    content = ""
-    stream = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        stream=True,
-        # transformers serve logs `stream_options` as unsupported and ignores it, but sends usage with the
-        # final chunk anyway; asked for all the same, as a client of any OpenAI-compatible server would.
-        stream_options={"include_usage": True},
-        **options,
-    )
-    for chunk in stream:
-        # The first chunk carries only the role, sent before generation starts: not a token.
-        if chunk.choices and chunk.choices[0].delta.content:
-            chunks += 1
-            content += chunk.choices[0].delta.content
-            if first is None:
-                first = time.perf_counter() - start
-        if chunk.choices:
-            reason = chunk.choices[0].finish_reason or reason
-        if chunk.usage is not None:
-            usage = chunk.usage
-    total = time.perf_counter() - start
+    with without_gc_pauses():  # what this process's collector stops is not the server's time
+        start = time.perf_counter()
+        first: float | None = None
+        chunks = 0
+        usage = None
+        reason = None
+        content = ""
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+            # transformers serve logs `stream_options` as unsupported and ignores it, but sends usage with the
+            # final chunk anyway; asked for all the same, as a client of any OpenAI-compatible server would.
+            stream_options={"include_usage": True},
+            **options,
+        )
+        for chunk in stream:
+            # The first chunk carries only the role, sent before generation starts: not a token.
+            if chunk.choices and chunk.choices[0].delta.content:
+                chunks += 1
+                content += chunk.choices[0].delta.content
+                if first is None:
+                    first = time.perf_counter() - start
+            if chunk.choices:
+                reason = chunk.choices[0].finish_reason or reason
+            if chunk.usage is not None:
+                usage = chunk.usage
+        total = time.perf_counter() - start
     assert first is not None, "no content chunk"
     assert usage is not None, "no usage in the stream"
     return Completion(first, total, chunks, usage.prompt_tokens, usage.completion_tokens, reason, content)
