@@ -43,6 +43,9 @@ DEFAULT_TPOT_BUCKETS = (
 DEFAULT_E2E_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0,
 )  # fmt: skip
+#: From the kernel's receipt of a request to the server's middleware: one scheduler tick (1-10 ms) is the
+#: resolution of the receipt's time, so no bound below 5 ms.
+DEFAULT_SOCKET_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 DEFAULT_FORWARD_BUCKETS = (
     0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048,
     4.096,
@@ -90,6 +93,8 @@ class InstrumentConfig:
     tpot_buckets: tuple[float, ...] = DEFAULT_TPOT_BUCKETS
     #: ``llm_e2e_request_latency_seconds`` and ``llm_request_decode_seconds``.
     e2e_buckets: tuple[float, ...] = DEFAULT_E2E_BUCKETS
+    #: ``llm_request_socket_wait_seconds``.
+    socket_wait_buckets: tuple[float, ...] = DEFAULT_SOCKET_WAIT_BUCKETS
     #: ``llm_forward_seconds``.
     forward_buckets: tuple[float, ...] = DEFAULT_FORWARD_BUCKETS
     #: ``llm_request_prompt_tokens`` and ``llm_request_generation_tokens``.

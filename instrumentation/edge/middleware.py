@@ -4,14 +4,15 @@
     app.wsgi_app = WSGIArrivalMiddleware(app.wsgi_app)  # Flask
 
 Each HTTP request opens an :class:`~inferwatch.instrumentation.timing.arrival.Arrival` as the server receives
-it, so the ``generate`` it runs is timed from there (TTFT, end-to-end latency and queue time as the user
-waits them), also when ``generate`` runs in a worker thread. The response is watched on its way out
-(:mod:`.response`): the time to its first content byte and to its last byte, and a request the server
-refused before any model ran. A client that goes away before its response was complete ends its request
-as ``cancelled`` at that moment: ASGI's ``http.disconnect`` (listened for once the application has read
-the request body, and handed to the application when it asks), a WSGI response closed before it was
-drained. ``stop_generation_on_disconnect=True`` also stops the generation then (it changes what the
-server does, so it is opt-in; ``None`` reads ``INFERWATCH_STOP_GENERATION_ON_DISCONNECT``).
+it, so the ``generate`` it runs is timed from there (TTFT, end-to-end latency and queue time as the user waits
+them), also when ``generate`` runs in a worker thread. Under uvicorn the arrival is when the kernel received
+the request, before the server's event loop got to it (:mod:`.received`). The response is watched on its way
+out (:mod:`.response`): the time to its first content byte and to its last byte, and a request the server
+refused before any model ran. A client that goes away before its response was complete ends its request as
+``cancelled`` at that moment: ASGI's ``http.disconnect`` (listened for once the application has read the
+request body, and handed to the application when it asks), a WSGI response closed before it was drained.
+``stop_generation_on_disconnect=True`` also stops the generation then (it changes what the server does, so it
+is opt-in; ``None`` reads ``INFERWATCH_STOP_GENERATION_ON_DISCONNECT``).
 
 Both make :func:`~inferwatch.instrumentation.timing.arrival.propagate_to_threads` active. Only HTTP requests
 open an arrival (not lifespan or websocket scopes). This module does not import torch.
@@ -26,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
+from inferwatch.instrumentation.edge.received import asgi_connection
 from inferwatch.instrumentation.edge.response import EdgeRecorder, ResponseWatch
 from inferwatch.instrumentation.timing.arrival import ARRIVAL, Arrival, propagate_to_threads
 
@@ -78,10 +80,13 @@ class ArrivalMiddleware(_EdgeMiddleware):
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        arrival = Arrival()
+        called = time.perf_counter()
+        received = self._recorder.received(asgi_connection, receive, called)
+        arrival = Arrival(called if received is None else received)
         arrival.stop_on_disconnect = self._stop
         token = ARRIVAL.set(arrival)
         exchange = _AsgiExchange(arrival, receive, send, self._recorder)
+        exchange.watch.socket_wait = None if received is None else called - received
         raised = False
         try:
             # The response body (a streaming generator) runs inside this call: the arrival stays open.

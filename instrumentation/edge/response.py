@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inferwatch.instrumentation.config import InstrumentConfig
-from inferwatch.instrumentation.metrics.catalogue import existing_metrics, metrics_for
+from inferwatch.instrumentation.edge.received import received_at
+from inferwatch.instrumentation.metrics.catalogue import ARRIVAL_SOURCES, existing_metrics, metrics_for
 from inferwatch.instrumentation.timing.arrival import Arrival
 
 #: How much of an event stream is kept while looking for its first event with content: a stream whose
@@ -64,10 +65,21 @@ class ResponseWatch:
     content is observed when it is sent (for the model whose request claimed the arrival), the rest by
     :class:`EdgeRecorder` when the exchange is over."""
 
-    __slots__ = ("_scanned", "arrival", "completed", "event_stream", "first_content", "last_byte", "status")
+    __slots__ = (
+        "_scanned",
+        "arrival",
+        "completed",
+        "event_stream",
+        "first_content",
+        "last_byte",
+        "socket_wait",
+        "status",
+    )
 
     def __init__(self, arrival: Arrival) -> None:
         self.arrival = arrival
+        #: Seconds from the kernel's receipt of the request to the middleware's call, where known.
+        self.socket_wait: float | None = None
         self.status: int | None = None
         self.event_stream = False
         self.first_content: float | None = None
@@ -122,23 +134,49 @@ class EdgeRecorder:
     def __init__(self, model_name: str | None = None, registry: Any = None) -> None:
         self._model_name = model_name
         self._registry = registry
+        #: ``llm_http_arrivals_total`` by source, bound once.
+        self._arrivals: dict[str, Any] = {}
 
-    def contained(self, call: Callable[..., Any], *args: Any) -> None:
-        """``call(*args)``; what it raises is counted (``stage="middleware"``) and logged, never passed to
-        the server or the application."""
+    def contained(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, or None if it raised: what it raises is counted (``stage="middleware"``) and
+        logged, never passed to the server or the application."""
         try:
-            call(*args)
+            return call(*args)
         except Exception as exc:
-            metrics = existing_metrics(self._registry)
-            if metrics is None:
-                logger.warning("inferwatch: the middleware's response watch failed", exc_info=True)
-            else:
-                metrics.errors.report("middleware", exc)
+            self._report(exc)
+            return None
+
+    def _report(self, exc: Exception) -> None:
+        metrics = existing_metrics(self._registry)
+        if metrics is None:
+            logger.warning("inferwatch: the middleware's response watch failed", exc_info=exc)
+        else:
+            metrics.errors.report("middleware", exc)
+
+    def received(self, connection_of: Callable[[Any], Any], channel: Any, now: float) -> float | None:
+        """When the kernel received the request on the connection ``connection_of(channel)`` finds
+        (:mod:`.received`), on ``now``'s clock; None where unknown. Counted by source either way."""
+        try:
+            received = received_at(connection_of(channel), now)
+            source = "application" if received is None else "socket"
+            counter = self._arrivals.get(source)
+            if counter is None:
+                counter = self._arrivals[source] = self._metrics()[ARRIVAL_SOURCES].labels(source)
+            counter.inc()
+            return received
+        except Exception as exc:
+            self._report(exc)
+            return None
+
+    def _metrics(self) -> Any:
+        return existing_metrics(self._registry) or metrics_for(self._registry, InstrumentConfig.from_env())
 
     def record(self, watch: ResponseWatch, method: str, raised: bool) -> None:
         """The exchange is over (``raised``: the application raised instead of answering)."""
         series = watch.arrival.series
         if series is not None:
+            if watch.socket_wait is not None:
+                series.observe_socket_wait(watch.socket_wait)
             if watch.completed and watch.arrival.disconnected_at is None:
                 series.observe_response(None, watch.last_byte - watch.arrival.time)
             return
@@ -156,7 +194,7 @@ class EdgeRecorder:
             series_for,  # imports torch: only once one is refused
         )
 
-        metrics = existing_metrics(self._registry) or metrics_for(self._registry, InstrumentConfig.from_env())
+        metrics = self._metrics()
         name = self._model_name
         if name is None:
             alive = [model for model, count in metrics.live_models.items() if count > 0]

@@ -148,6 +148,18 @@ RESPONSE_LAST_BYTE = _histogram(
     "What the server sent: from a request's arrival until the middleware passed the last body byte of a "
     "completed response to the server, beside llm_e2e_request_latency_seconds.",
 )  # fmt: skip
+SOCKET_WAIT = _histogram(
+    "llm_request_socket_wait_seconds", "seconds", M, "socket_wait_buckets",
+    "Per HTTP request whose connection said when its data came in (TCP on Linux, under uvicorn): from "
+    "the kernel's receipt of the request until the server handed it to the middleware, included in the "
+    "request's TTFT, E2E and queue time. Long when the server's event loop is kept from running.",
+)  # fmt: skip
+ARRIVAL_SOURCES = _counter(
+    "llm_http_arrivals_total", "requests", ("source",),
+    "HTTP requests the ASGI middleware opened an arrival for, by where its time came from: socket (the "
+    "kernel's receipt, read from the connection) or application (the middleware's call: another server "
+    "or a connection that does not say).",
+)  # fmt: skip
 PROMPT_TOKENS = _counter(
     "llm_prompt_tokens_total",
     "tokens",
@@ -294,7 +306,7 @@ LAST_STEP = _gauge(
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, TPOT, MAX_ITL, E2E, PREFILL, DECODE, QUEUE, FORWARD, PROMPT_TOKENS_HIST,
     GENERATION_TOKENS_HIST, BATCH_SIZE, STEP_TOKENS, REQUESTS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS,
-    WASTED_TOKENS, RESPONSE_FIRST_CONTENT, RESPONSE_LAST_BYTE,
+    WASTED_TOKENS, RESPONSE_FIRST_CONTENT, RESPONSE_LAST_BYTE, SOCKET_WAIT, ARRIVAL_SOURCES,
     OOM_EVENTS, ALLOC_RETRIES, INSTRUMENTATION_ERRORS, REQUESTS_RUNNING, OLDEST_RUNNING_AGE, REQUESTS_WAITING,
     KV_CACHE_BYTES, KV_CACHE_BYTES_PER_TOKEN, KV_CACHE_CAPACITY_TOKENS, KV_CACHE_BLOCKS,
     KV_CACHE_CAPACITY_BYTES, KV_CACHE_PREFIX_TOKENS, KV_CACHE_PREEMPTIONS, KV_CACHE_HEADROOM_TOKENS,

@@ -95,6 +95,7 @@ class ModelSeries:
         # What the server sent (the middleware's): series once a middleware observes one, so a model
         # served without it does not show empty histograms.
         self._responses: tuple[Any, Any] | None = None
+        self._socket_wait: Any = None
         self.prompt_tokens = bind(cat.PROMPT_TOKENS)
         self.generation_tokens = bind(cat.GENERATION_TOKENS)
         self.oom_events = bind(cat.OOM_EVENTS)
@@ -196,6 +197,12 @@ class ModelSeries:
             first.observe(first_content)
         if last_byte is not None:
             last.observe(last_byte)
+
+    def observe_socket_wait(self, seconds: float) -> None:
+        """A request the middleware saw ``seconds`` after the kernel had received it."""
+        if self._socket_wait is None:
+            self._socket_wait = self.metrics[cat.SOCKET_WAIT].labels(self.name)
+        self._socket_wait.observe(seconds)
 
     def heartbeat(self) -> None:
         """A forward or token step happened now (recorded at most every HEARTBEAT_RESOLUTION_SECONDS)."""

@@ -2,9 +2,10 @@
 ``--chunks`` server-sent events through the bare application, through a pass-through ASGI middleware (the
 floor any middleware pays: one more call and two wrapped channels), and through inferwatch's, driven in
 process as a server drives an application (the body, then ``http.disconnect`` once the response is
-complete, as uvicorn answers a ``receive`` after it). The application claims the request's arrival for a
-model's series, as ``generate`` would, so the middleware does everything it does in a server: watch the
-response, find the first content, observe the response histograms.
+complete, as uvicorn answers a ``receive`` after it), its ``receive`` bound to a cycle that leads to a real
+TCP connection on loopback as uvicorn's does (inferwatch's reads when its data came in). The application
+claims the request's arrival for a model's series, as ``generate`` would, so the middleware does everything
+it does in a server: watch the response, find the first content, observe the response histograms.
 
 Each figure is the best of ``--repeat`` interleaved rounds of ``--requests`` requests, in µs per request.
 Run it with an earlier tree first on ``PYTHONPATH`` to compare versions (its middleware is what
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,30 +69,37 @@ def pass_through(app: Callable[..., Any]) -> Callable[..., Any]:
     return middleware
 
 
-async def serve_one(app: Callable[..., Any]) -> None:
-    """One request as a server hands it over: the body, then a disconnect once the response is done."""
-    complete = asyncio.Event()
-    delivered = False
+class Cycle:
+    """One request as uvicorn hands it over: ``receive`` bound to a cycle that holds the connection's
+    transport (a real TCP connection on loopback, so the middleware reads when its data came in), the
+    body, then a disconnect once the response is done."""
 
-    async def receive() -> dict:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
+    def __init__(self, connection: socket.socket) -> None:
+        self.transport = self  # uvicorn's cycle.transport.get_extra_info("socket")
+        self._connection = connection
+        self._complete = asyncio.Event()
+        self._delivered = False
+
+    def get_extra_info(self, name: str) -> Any:
+        return self._connection if name == "socket" else None
+
+    async def receive(self) -> dict:
+        if not self._delivered:
+            self._delivered = True
             return {"type": "http.request", "body": b"{}", "more_body": False}
-        await complete.wait()
+        await self._complete.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict) -> None:
+    async def send(self, message: dict) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            complete.set()
-
-    await app(dict(SCOPE), receive, send)
+            self._complete.set()
 
 
-async def round_of(app: Callable[..., Any], requests: int) -> float:
+async def round_of(app: Callable[..., Any], requests: int, connection: socket.socket) -> float:
     start = time.perf_counter()
     for _ in range(requests):
-        await serve_one(app)
+        cycle = Cycle(connection)
+        await app(dict(SCOPE), cycle.receive, cycle.send)
     return (time.perf_counter() - start) / requests
 
 
@@ -115,12 +124,17 @@ def main() -> None:
     }
     best = dict.fromkeys(variants, float("inf"))
 
-    async def run() -> None:
+    async def run(connection: socket.socket) -> None:
         for _ in range(args.repeat):
             for name, variant in variants.items():
-                best[name] = min(best[name], await round_of(variant, args.requests))
+                best[name] = min(best[name], await round_of(variant, args.requests, connection))
 
-    asyncio.run(run())
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        served, _ = listener.accept()
+        with client, served:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n{}")
+            asyncio.run(run(served))
     bare = best["bare application"]
     print(f"{args.chunks} event chunks per response, best of {args.repeat} x {args.requests} requests")
     print("| variant | µs per request | over the bare application |")

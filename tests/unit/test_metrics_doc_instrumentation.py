@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import GenerationConfig
 
 from tests.support import METRICS_DOC, documented_metrics, http_get
+from tests.support.asgi_server import serve_asgi
 from tests.support.batching import small_page_pool
 
 pytestmark = pytest.mark.matrix
@@ -85,10 +88,10 @@ def live_model(
 
 
 def serve_one_http_request(model: torch.nn.Module, prompt: torch.Tensor, registry: CollectorRegistry) -> None:
-    """One request through the ASGI middleware (what the server sent: llm_response_*), driven as a server
-    drives an application: its body, then its response sent."""
+    """One request through the ASGI middleware under a real uvicorn on loopback (what the server sent,
+    llm_response_*; when the kernel received it, llm_request_socket_wait_seconds)."""
 
-    async def app(scope: dict, receive: object, send: object) -> None:
+    async def app(scope: dict, receive: Any, send: Any) -> None:
         await receive()
         await asyncio.to_thread(model.generate, prompt, max_new_tokens=3, do_sample=False)
         await send(
@@ -96,14 +99,10 @@ def serve_one_http_request(model: torch.nn.Module, prompt: torch.Tensor, registr
         )
         await send({"type": "http.response.body", "body": b"tokens", "more_body": False})
 
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message: dict) -> None:
-        pass
-
-    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": []}
-    asyncio.run(ArrivalMiddleware(app, registry=registry)(scope, receive, send))
+    with serve_asgi(ArrivalMiddleware(app, registry=registry)) as base:
+        request = urllib.request.Request(f"{base}/generate", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.read() == b"tokens"
 
 
 def test_every_exposed_metric_is_documented_and_every_documented_one_exposed(

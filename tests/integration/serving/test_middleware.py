@@ -34,7 +34,7 @@ from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIAr
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 from transformers.generation.streamers import BaseStreamer
 
@@ -55,6 +55,8 @@ RELATIVE_TOLERANCE = 0.10
 ABSOLUTE_TOLERANCE = 0.05
 #: How long the control test holds the lock once its request is waiting on it.
 HELD_SECONDS = 0.3
+#: How long the stall handler blocks the event loop.
+STALL_SECONDS = 0.3
 TIMEOUT = 60.0
 
 
@@ -123,6 +125,7 @@ class Backend:
     model: torch.nn.Module
     lock: threading.Lock = field(default_factory=threading.Lock)
     queued: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    stalling: threading.Event = field(default_factory=threading.Event)
 
     def tokens(self, prompt: str) -> Iterator[bytes]:
         """The response body: wait for the model, run generate in a thread, stream each token as it comes."""
@@ -151,15 +154,23 @@ class Backend:
 # ------------------------------------------------------------------------------------------------ the apps
 
 
-def asgi_app(backend: Backend, *, middleware: bool) -> Any:
+def asgi_app(backend: Backend, *, middleware: bool, registry: CollectorRegistry | None = None) -> Any:
     async def generate(request: Request) -> StreamingResponse:
         prompt = (await request.json())["prompt"]
         # A sync iterator: Starlette runs each step in a worker thread (the lock wait blocks no event loop),
         # in a copy of the request's context, so the arrival reaches the thread started there.
         return StreamingResponse(backend.tokens(prompt), media_type="text/plain")
 
-    app = Starlette(routes=[Route("/generate", generate, methods=["POST"])])
-    return ArrivalMiddleware(app) if middleware else app
+    async def stall(request: Request) -> PlainTextResponse:
+        """Blocks the event loop, as a thread that holds the GIL or a blocking handler would."""
+        backend.stalling.set()
+        time.sleep(STALL_SECONDS)
+        return PlainTextResponse("stalled")
+
+    app = Starlette(
+        routes=[Route("/generate", generate, methods=["POST"]), Route("/stall", stall, methods=["POST"])]
+    )
+    return ArrivalMiddleware(app, registry=registry) if middleware else app
 
 
 def wsgi_app(backend: Backend, *, middleware: bool) -> Callable[..., Any]:
@@ -305,6 +316,33 @@ def test_asgi_requests_are_timed_from_their_arrival(model, registry, handle) -> 
         url = f"{base}/generate"
         timings = concurrent_fetches(url, CLIENTS)
     check_concurrent_requests(registry, handle, timings)
+
+
+@pytest.mark.timeout(120)
+def test_a_request_held_in_the_socket_is_timed_from_the_kernels_receipt(model, registry, handle) -> None:
+    """The event loop is blocked for STALL_SECONDS when a request is sent: the request waits in its socket
+    until the loop reads it. Its TTFT and E2E start when the kernel received it (as the client's do), and
+    the wait before the middleware saw it is ``llm_request_socket_wait_seconds``."""
+    backend = Backend(model)
+    app = asgi_app(backend, middleware=True, registry=registry)
+    with serve_asgi(app) as base, ThreadPoolExecutor(1) as pool:
+        stalled = pool.submit(requests.post, f"{base}/stall", timeout=TIMEOUT)
+        assert backend.stalling.wait(TIMEOUT), "the stall handler never ran"
+        timing = fetch(f"{base}/generate", "a request sent while the loop is blocked")
+        assert stalled.result(timeout=TIMEOUT).status_code == 200
+    assert timing.status == 200
+    assert handle.flush()
+    # Both requests were timed from the kernel's receipt (uvicorn's layout, a TCP connection).
+    assert registry.get_sample_value("llm_http_arrivals_total", {"source": "socket"}) == 2
+    assert registry.get_sample_value("llm_http_arrivals_total", {"source": "application"}) in (None, 0.0)
+    # The request was sent right after the loop stopped; the receipt's time is one scheduler tick coarse.
+    assert value(registry, "llm_request_socket_wait_seconds_count") == 1
+    waited = value(registry, "llm_request_socket_wait_seconds_sum")
+    assert STALL_SECONDS - 0.1 <= waited <= STALL_SECONDS + 0.02, waited
+    # The client's figures hold the stall; timed from the middleware's call the server's would be short of
+    # them by the wait.
+    assert_close("TTFT", server_mean(registry, "llm_time_to_first_token_seconds"), timing.first_chunk)
+    assert_close("E2E", server_mean(registry, "llm_e2e_request_latency_seconds"), timing.total)
 
 
 @pytest.mark.timeout(120)
