@@ -5,9 +5,9 @@
 
 Each HTTP request opens an :class:`~inferwatch.instrumentation.timing.arrival.Arrival` as the server receives
 it, so the ``generate`` it runs is timed from there (TTFT, end-to-end latency and queue time as the user waits
-them), also when ``generate`` runs in a worker thread. Under uvicorn the arrival is when the kernel received
-the request, before the server's event loop got to it (:mod:`.received`). The response is watched on its way
-out (:mod:`.response`): the time to its first content byte and to its last byte, and a request the server
+them), also when ``generate`` runs in a worker thread. Under uvicorn and werkzeug the arrival is when the
+kernel received the request, before the server got to it (:mod:`.received`). The response is watched on its
+way out (:mod:`.response`): the time to its first content byte and to its last byte, and a request the server
 refused before any model ran. A client that goes away before its response was complete ends its request as
 ``cancelled`` at that moment: ASGI's ``http.disconnect`` (listened for once the application has read the
 request body, and handed to the application when it asks), a WSGI response closed before it was drained.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from inferwatch.instrumentation.edge.received import asgi_connection
+from inferwatch.instrumentation.edge.received import asgi_connection, wsgi_connection
 from inferwatch.instrumentation.edge.response import EdgeRecorder, ResponseWatch
 from inferwatch.instrumentation.timing.arrival import ARRIVAL, Arrival, propagate_to_threads
 
@@ -71,6 +71,15 @@ class _EdgeMiddleware:
         self._stop = _stop_setting(stop_generation_on_disconnect)
         propagate_to_threads()
 
+    def _arrival(self, connection_of: Callable[[Any], Any], channel: Any) -> tuple[Arrival, float | None]:
+        """The request's arrival: when the kernel received it where its connection says (:mod:`.received`),
+        else now; and the seconds between that receipt and now."""
+        called = time.perf_counter()
+        received = self._recorder.received(connection_of, channel, called)
+        arrival = Arrival(called if received is None else received)
+        arrival.stop_on_disconnect = self._stop
+        return arrival, None if received is None else called - received
+
 
 class ArrivalMiddleware(_EdgeMiddleware):
     """ASGI middleware: each HTTP request is an arrival for the generate calls it makes, and its response
@@ -80,13 +89,10 @@ class ArrivalMiddleware(_EdgeMiddleware):
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        called = time.perf_counter()
-        received = self._recorder.received(asgi_connection, receive, called)
-        arrival = Arrival(called if received is None else received)
-        arrival.stop_on_disconnect = self._stop
+        arrival, waited = self._arrival(asgi_connection, receive)
         token = ARRIVAL.set(arrival)
         exchange = _AsgiExchange(arrival, receive, send, self._recorder)
-        exchange.watch.socket_wait = None if received is None else called - received
+        exchange.watch.socket_wait = waited
         raised = False
         try:
             # The response body (a streaming generator) runs inside this call: the arrival stays open.
@@ -169,10 +175,10 @@ class WSGIArrivalMiddleware(_EdgeMiddleware):
     it was drained is a client that went away (the server could not write to it)."""
 
     def __call__(self, environ: dict, start_response: Callable[..., Any]) -> Iterable[bytes]:
-        arrival = Arrival()
-        arrival.stop_on_disconnect = self._stop
+        arrival, waited = self._arrival(wsgi_connection, environ)
         token = ARRIVAL.set(arrival)
         watch = ResponseWatch(arrival)
+        watch.socket_wait = waited
         method = environ.get("REQUEST_METHOD", "")
 
         def started(status: str, headers: list) -> None:

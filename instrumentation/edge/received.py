@@ -14,10 +14,11 @@ opens the arrival there, and the difference is ``llm_request_socket_wait_seconds
 
 Where the connection is comes from the server, and this is the one place that knows a server's layout:
 uvicorn (h11 and httptools) hands each request a ``receive`` bound to its request-response cycle, which
-holds the connection's asyncio transport. Any other layout (another server, a middleware outside this one
-that wraps ``receive``), a Unix socket or a system without ``TCP_INFO`` times from the middleware's call,
-says so once in the log, and counts it in ``llm_http_arrivals_total{source="application"}``. This module
-does not import torch.
+holds the connection's asyncio transport; werkzeug's WSGI server puts the connection in the environ
+(``werkzeug.socket``). Any other layout (another server, a middleware outside this one that wraps
+``receive``), a Unix socket or a system without ``TCP_INFO`` times from the middleware's call, says so
+once in the log, and counts it in ``llm_http_arrivals_total{source="application"}``. This module does not
+import torch.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def asgi_connection(receive: Any) -> Any:
         )
         return None
     return get_extra_info("socket")
+
+
+def wsgi_connection(environ: dict) -> Any:
+    """The connection's socket a WSGI server put in the request's environ, or None (werkzeug's only)."""
+    connection = environ.get("werkzeug.socket")
+    if connection is None:
+        _tell("layout:wsgi", "the WSGI server does not hand the application its connection (werkzeug's does)")
+    return connection
 
 
 def received_at(connection: Any, now: float) -> float | None:

@@ -150,15 +150,15 @@ RESPONSE_LAST_BYTE = _histogram(
 )  # fmt: skip
 SOCKET_WAIT = _histogram(
     "llm_request_socket_wait_seconds", "seconds", M, "socket_wait_buckets",
-    "Per HTTP request whose connection said when its data came in (TCP on Linux, under uvicorn): from "
-    "the kernel's receipt of the request until the server handed it to the middleware, included in the "
-    "request's TTFT, E2E and queue time. Long when the server's event loop is kept from running.",
+    "Per HTTP request whose connection said when its data came in (TCP on Linux, under uvicorn or "
+    "werkzeug): from the kernel's receipt of the request until the server handed it to the middleware, "
+    "included in the request's TTFT, E2E and queue time. Long when the server is kept from reading.",
 )  # fmt: skip
 ARRIVAL_SOURCES = _counter(
     "llm_http_arrivals_total", "requests", ("source",),
-    "HTTP requests the ASGI middleware opened an arrival for, by where its time came from: socket (the "
-    "kernel's receipt, read from the connection) or application (the middleware's call: another server "
-    "or a connection that does not say).",
+    "HTTP requests the ASGI/WSGI middleware opened an arrival for, by where its time came from: socket "
+    "(the kernel's receipt, read from the connection) or application (the middleware's call: another "
+    "server or a connection that does not say).",
 )  # fmt: skip
 PROMPT_TOKENS = _counter(
     "llm_prompt_tokens_total",

@@ -335,6 +335,9 @@ def test_first_content_and_finish_reasons_match_the_clients(running: Running) ->
     assert counted == told
 
     assert grew(before, after, f"{FIRST_CONTENT}_count") == CLIENTS
+    # uvicorn and werkzeug both lead to the connection: every request timed from the kernel's receipt.
+    assert grew(before, after, "llm_http_arrivals_total", source="socket") == CLIENTS
+    assert grew(before, after, "llm_http_arrivals_total", source="application") == 0
     server = grew(before, after, f"{FIRST_CONTENT}_sum") / CLIENTS
     clients = sum(c.first_content for c in chats) / CLIENTS
     ttft = grew(before, after, "llm_time_to_first_token_seconds_sum") / CLIENTS

@@ -16,7 +16,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 from transformers.generation.streamers import BaseStreamer
+from werkzeug.serving import make_server as make_werkzeug_server
 
 from tests.support.asgi_server import serve_asgi
 from tests.support.clienttiming import without_gc_pauses
@@ -173,14 +174,20 @@ def asgi_app(backend: Backend, *, middleware: bool, registry: CollectorRegistry 
     return ArrivalMiddleware(app, registry=registry) if middleware else app
 
 
-def wsgi_app(backend: Backend, *, middleware: bool) -> Callable[..., Any]:
-    def app(environ: dict, start_response: Callable[..., Any]) -> Iterator[bytes]:
+def wsgi_app(
+    backend: Backend, *, middleware: bool, registry: CollectorRegistry | None = None
+) -> Callable[..., Any]:
+    def app(environ: dict, start_response: Callable[..., Any]) -> Iterable[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
-        prompt = json.loads(environ["wsgi.input"].read(length))["prompt"]
+        body = environ["wsgi.input"].read(length)
         start_response("200 OK", [("Content-Type", "text/plain")])
-        return backend.tokens(prompt)
+        if environ.get("PATH_INFO") == "/stall":  # holds a server that serves one request at a time
+            backend.stalling.set()
+            time.sleep(STALL_SECONDS)
+            return [b"stalled"]
+        return backend.tokens(json.loads(body)["prompt"])
 
-    return WSGIArrivalMiddleware(app) if middleware else app
+    return WSGIArrivalMiddleware(app, registry=registry) if middleware else app
 
 
 # --------------------------------------------------------------------------------------------- the servers
@@ -193,6 +200,22 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 class QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         """No access log on the test's stderr."""
+
+
+@contextmanager
+def serve_werkzeug_one_at_a_time(app: Callable[..., Any]) -> Iterator[str]:
+    """werkzeug's WSGI server without threads (one request at a time, as a sync worker serves), in a thread;
+    its base URL."""
+    server = make_werkzeug_server("127.0.0.1", 0, app, threaded=False)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=15)
+        assert not thread.is_alive(), "werkzeug did not shut down"
 
 
 @contextmanager
@@ -319,23 +342,30 @@ def test_asgi_requests_are_timed_from_their_arrival(model, registry, handle) -> 
 
 
 @pytest.mark.timeout(120)
-def test_a_request_held_in_the_socket_is_timed_from_the_kernels_receipt(model, registry, handle) -> None:
-    """The event loop is blocked for STALL_SECONDS when a request is sent: the request waits in its socket
-    until the loop reads it. Its TTFT and E2E start when the kernel received it (as the client's do), and
+@pytest.mark.parametrize("server", ["uvicorn", "werkzeug"])
+def test_a_request_held_in_the_socket_is_timed_from_the_kernels_receipt(
+    server, model, registry, handle
+) -> None:
+    """A request is sent while the server cannot read it for STALL_SECONDS: uvicorn's event loop blocked
+    (as by a thread that holds the GIL), werkzeug serving one request at a time busy with another. It waits
+    in its socket meanwhile. Its TTFT and E2E start when the kernel received it (as the client's do), and
     the wait before the middleware saw it is ``llm_request_socket_wait_seconds``."""
     backend = Backend(model)
-    app = asgi_app(backend, middleware=True, registry=registry)
-    with serve_asgi(app) as base, ThreadPoolExecutor(1) as pool:
-        stalled = pool.submit(requests.post, f"{base}/stall", timeout=TIMEOUT)
+    if server == "uvicorn":
+        serving = serve_asgi(asgi_app(backend, middleware=True, registry=registry))
+    else:
+        serving = serve_werkzeug_one_at_a_time(wsgi_app(backend, middleware=True, registry=registry))
+    with serving as base, ThreadPoolExecutor(1) as pool:
+        stalled = pool.submit(requests.post, f"{base}/stall", json={}, timeout=TIMEOUT)
         assert backend.stalling.wait(TIMEOUT), "the stall handler never ran"
-        timing = fetch(f"{base}/generate", "a request sent while the loop is blocked")
+        timing = fetch(f"{base}/generate", "a request sent while the server cannot read it")
         assert stalled.result(timeout=TIMEOUT).status_code == 200
     assert timing.status == 200
     assert handle.flush()
-    # Both requests were timed from the kernel's receipt (uvicorn's layout, a TCP connection).
+    # Both requests were timed from the kernel's receipt (a server whose layout is known, TCP).
     assert registry.get_sample_value("llm_http_arrivals_total", {"source": "socket"}) == 2
     assert registry.get_sample_value("llm_http_arrivals_total", {"source": "application"}) in (None, 0.0)
-    # The request was sent right after the loop stopped; the receipt's time is one scheduler tick coarse.
+    # The request was sent right after the stall began; the receipt's time is one scheduler tick coarse.
     assert value(registry, "llm_request_socket_wait_seconds_count") == 1
     waited = value(registry, "llm_request_socket_wait_seconds_sum")
     assert STALL_SECONDS - 0.1 <= waited <= STALL_SECONDS + 0.02, waited

@@ -1,6 +1,6 @@
 """When the kernel received a request, read from real sockets: a TCP connection on loopback says how long
 ago its data came in; a Unix socket and a server layout inferwatch does not know say nothing, once, in the
-log. The middleware under a real uvicorn is in tests/integration/serving/test_middleware.py."""
+log. The middleware under a real uvicorn and werkzeug is in tests/integration/serving/test_middleware.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from inferwatch.instrumentation.edge import received
-from inferwatch.instrumentation.edge.received import asgi_connection, received_at
+from inferwatch.instrumentation.edge.received import asgi_connection, received_at, wsgi_connection
 
 #: The receipt's time is one scheduler tick coarse (1-10 ms).
 TICK = 0.011
@@ -68,6 +68,16 @@ def test_uvicorns_layout_leads_to_the_connection(connection) -> None:
     cycle = SimpleNamespace(transport=SimpleNamespace(get_extra_info={"socket": served}.get))
     receive = SimpleNamespace(__self__=cycle)
     assert asgi_connection(receive) is served
+
+
+def test_werkzeugs_environ_holds_the_connection(connection, caplog: pytest.LogCaptureFixture) -> None:
+    _, served = connection
+    assert wsgi_connection({"werkzeug.socket": served}) is served
+    with caplog.at_level(logging.WARNING, "inferwatch.instrumentation"):
+        assert wsgi_connection({"wsgi.version": (1, 0)}) is None
+        assert wsgi_connection({"wsgi.version": (1, 0)}) is None
+    assert len(caplog.records) == 1
+    assert "the WSGI server does not hand the application its connection" in caplog.records[0].getMessage()
 
 
 def test_an_unknown_layout_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
