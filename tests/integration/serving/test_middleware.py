@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from statistics import mean
@@ -203,11 +203,12 @@ class QuietHandler(WSGIRequestHandler):
 
 
 @contextmanager
-def serve_werkzeug_one_at_a_time(app: Callable[..., Any]) -> Iterator[str]:
-    """werkzeug's WSGI server without threads (one request at a time, as a sync worker serves), in a thread;
-    its base URL."""
-    server = make_werkzeug_server("127.0.0.1", 0, app, threaded=False)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+def serving_in_a_thread(server: Any, name: str) -> Iterator[str]:
+    """A socketserver-based WSGI server (wsgiref's, werkzeug's) serving in a thread: its base URL; shut
+    down and joined."""
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"
@@ -215,24 +216,20 @@ def serve_werkzeug_one_at_a_time(app: Callable[..., Any]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=15)
-        assert not thread.is_alive(), "werkzeug did not shut down"
+        assert not thread.is_alive(), f"{name} did not shut down"
+
+
+def serve_werkzeug_one_at_a_time(app: Callable[..., Any]) -> AbstractContextManager[str]:
+    """werkzeug's WSGI server without threads: one request at a time, as a sync worker serves."""
+    return serving_in_a_thread(make_werkzeug_server("127.0.0.1", 0, app, threaded=False), "werkzeug")
 
 
 @contextmanager
 def serve_wsgi(app: Callable[..., Any]) -> Iterator[str]:
-    """``wsgiref`` with a thread per request, serving in a thread; shut down and joined."""
+    """``wsgiref`` with a thread per request: the app's URL."""
     server = make_server("127.0.0.1", 0, app, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="wsgiref", daemon=True
-    )
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/generate"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=15)
-        assert not thread.is_alive(), "wsgiref did not shut down"
+    with serving_in_a_thread(server, "wsgiref") as base:
+        yield f"{base}/generate"
 
 
 # --------------------------------------------------------------------------------------------- the clients
