@@ -1,10 +1,11 @@
 """When the kernel received a request, read from its connection: the arrival before the server saw it.
 
-The middleware runs when the server's event loop hands it the request. A loop that something else keeps
-from running (``transformers serve --continuous-batching`` before 5.25 steps its model in a thread that
-shares the loop's GIL; a CPU-bound handler; a long garbage collection) leaves the request in the socket's
-buffer meanwhile, and the user waits that long too: a TTFT measured from the middleware's call leaves it
-out (measured: 54-76 ms less than guidellm's under 5.17-5.24's continuous batching, docs/serving.md).
+The middleware runs when the server hands it the request. A server kept from reading (an event loop that
+``transformers serve --continuous-batching`` before 5.25 starves with a model thread that shares its GIL,
+a CPU-bound handler, a long garbage collection; a WSGI server that serves one request at a time, busy with
+another) leaves the request in the socket's buffer meanwhile, and the user waits that long too: a TTFT
+measured from the middleware's call leaves it out (measured: 54-76 ms less than guidellm's under
+5.17-5.24's continuous batching, docs/serving.md).
 
 Linux keeps, per TCP connection, when data last came in (``tcpi_last_data_recv`` of ``TCP_INFO``: how long
 ago, to one scheduler tick of 1-10 ms). Read as the request reaches the middleware, that is when the
