@@ -7,9 +7,10 @@ intervals cover 5 %). The driver knows when kernels ran. Which of its figures is
 
 * the GPU lists exactly one compute process and the listing holds every process on the GPU (this
   process is in the host's PID namespace, or the driver lists host PIDs, under which this process is not
-  found by its own): that process is this one (it holds a context on the GPU), and the GPU's own
-  utilization is this process's, ``source="device"``: the mean of NVML's utilization samples since the
-  last poll;
+  found by its own): that process is this one (it holds a context on the GPU), and the GPU's own figures
+  are this process's. On a GPU with GPM (Hopper and newer) that is the graphics engine's activity since
+  the last poll, ``source="graphics"`` (:mod:`.gpm`); elsewhere the mean of NVML's utilization samples
+  since the last poll, ``source="device"``;
 * otherwise, where the GPU lists this process under its PID (its own, or one of its ``NSpid`` entries
   where ``/proc`` shows the outer namespaces): NVML's per-process utilization of this process,
   ``source="process"``. That includes a container's PID namespace, where the driver lists the
@@ -20,23 +21,28 @@ intervals cover 5 %). The driver knows when kernels ran. Which of its figures is
   all, neither figure supported, no NVML) and ``llm_gpu_busy_unavailable`` says why: the whole GPU's figure
   would count the neighbours' kernels, and a busy ratio that reads high hides a host-bound model.
 
-The device's figure comes first where it is this process's: it is the nearer to the profiler's union of
-kernel intervals (H200, docs/benchmarks.md, "The GPU busy ratio": eager decode 0.054 against 0.060; a
-one-off probe: eager 0.09-0.11 against per-process 0.11-0.14, compiled decode 0.26 against 0.38, truth
-0.06 and 0.21). Both are shares of NVML's sample periods in which a kernel ran, not of kernel time: a
-period with a few tiny kernels reads partly busy.
+The GPU's figures come first where they are this process's, the graphics engine's before the
+utilization: NVML's utilization and per-process shares count the sample periods in which a kernel ran,
+not kernel time, so a host-bound loop of short kernels reads several times its kernel-busy share (an
+H100's eager 1B decode: 0.19 against the profiler's 0.073; compiled 0.52 against 0.193), while the
+graphics engine's active share follows the union of kernel intervals (docs/benchmarks.md, "The GPU busy
+ratio", for each source against the trace).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from inferwatch.instrumentation.device.gpm import GraphicsActivity
 from inferwatch.instrumentation.metrics.vocabulary import (
     NOT_SUPPORTED,
     PROCESS_AMBIGUOUS,
     PROCESS_NOT_VISIBLE,
     SOURCE_DEVICE,
+    SOURCE_GRAPHICS,
     SOURCE_PROCESS,
     BusySource,
     BusyUnavailable,
@@ -104,6 +110,7 @@ class BusyMeter:
         handle: Any,
         own: frozenset[int] | None = None,
         initial_namespace: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml = nvml
         self._handle = handle
@@ -116,20 +123,42 @@ class BusyMeter:
         self._last_device_us = 0
         self._unsupported: set[str] = set()  # the NVML calls this GPU answered NOT_SUPPORTED
         self._device_figure: float | None = None
+        self._graphics = GraphicsActivity(nvml, handle, clock)
+        self._graphics_figure: float | None = None
 
-    def read(self, process_pids: set[int]) -> BusyReading | BusyUnavailable:
-        """The reading for a poll whose compute processes are ``process_pids``, or why there is none.
+    def read(self, process_pids: set[int]) -> BusyReading | BusyUnavailable | None:
+        """The reading for a poll whose compute processes are ``process_pids``, why there is none, or None
+        while the first GPM window is open (the graphics figure comes from the next poll on).
 
         Raises what NVML raises other than "not supported" (counted by the caller, retried next poll)."""
         pids, why = identify(process_pids, self.own)
         if why is not None:
             return why
         if len(process_pids) == 1 and self._lists_every_process(process_pids):
+            graphics = self._graphics_share()
+            if self._graphics.supported:
+                return None if graphics is None else BusyReading(graphics, SOURCE_GRAPHICS)
             share = self._device_share()
             if share is not None:
                 return BusyReading(share, SOURCE_DEVICE)
+        else:
+            # The GPU's figure would count other processes from here on: a later window starts afresh.
+            self._graphics.restart()
+            self._graphics_figure = None
         share = self._process_share(pids)
         return NOT_SUPPORTED if share is None else BusyReading(share, SOURCE_PROCESS)
+
+    def close(self) -> None:
+        """Give back what NVML holds for this meter (the GPM sample buffers)."""
+        self._graphics.close()
+
+    def _graphics_share(self) -> float | None:
+        """The graphics engine's active share since the last poll; the last poll's figure where this poll
+        came too soon after it for a GPM window, None before the first window closed."""
+        share = self._graphics.read()
+        if share is not None:
+            self._graphics_figure = share
+        return self._graphics_figure
 
     def _lists_every_process(self, process_pids: set[int]) -> bool:
         """Whether a listing can be taken to hold every process on the GPU. In a PID namespace the driver

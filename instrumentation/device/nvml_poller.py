@@ -8,6 +8,8 @@ not support is skipped from then on.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from inferwatch.instrumentation.device import busy
@@ -29,7 +31,13 @@ class NvmlPoller:
     """Reads one GPU (found by UUID, else by index) every ``interval`` seconds."""
 
     def __init__(
-        self, metrics: Metrics, identity: DeviceIdentity, index: int, interval: float, nvml: Any = None
+        self,
+        metrics: Metrics,
+        identity: DeviceIdentity,
+        index: int,
+        interval: float,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval = interval
         self._labels = identity.labels
@@ -37,6 +45,7 @@ class NvmlPoller:
         # A MIG instance's own handle: NVML's readings of the parent GPU are not this process's device.
         self._uuid = identity.mig_uuid or identity.uuid
         self._nvml = nvml
+        self._clock = clock
         self._errors = metrics.errors
         self._metrics = metrics
         self._handle: Any = None
@@ -70,7 +79,7 @@ class NvmlPoller:
             self._handle = nvml.nvmlDeviceGetHandleByUUID(self._uuid)
         else:
             self._handle = nvml.nvmlDeviceGetHandleByIndex(self._index)
-        self._meter = busy.BusyMeter(nvml, self._handle)
+        self._meter = busy.BusyMeter(nvml, self._handle, clock=self._clock)
         return True
 
     def poll(self) -> None:
@@ -89,6 +98,11 @@ class NvmlPoller:
             self._busy_unavailable(vocabulary.NOT_SUPPORTED)
         if self.peak_bandwidth is None:
             self._read("bandwidth", self._read_peak_bandwidth)
+
+    def close(self) -> None:
+        """The poller is no longer polled (the worker calls this on its thread, after the last poll)."""
+        if self._meter is not None:
+            self._meter.close()
 
     def _set(self, spec: cat.MetricSpec, value: float) -> None:
         # Series appear with their first reading: no NVML, no llm_nvml_* series (rather than zeros).
@@ -129,7 +143,7 @@ class NvmlPoller:
             raise
         # One assignment: the model pollers read it from their own thread, at the same interval.
         self.busy = reading if isinstance(reading, busy.BusyReading) else None
-        self._busy_unavailable(None if self.busy is not None else reading)
+        self._busy_unavailable(reading if isinstance(reading, str) else None)
 
     def _busy_unavailable(self, reason: str | None) -> None:
         """Show ``reason`` in llm_gpu_busy_unavailable (None: the busy ratio is measured)."""

@@ -46,6 +46,10 @@ class Poller(Protocol):
     def poll(self) -> None: ...
 
 
+# A poller may also have ``close()``: what polling holds (NVML's sample buffers) goes back there, called
+# once on the worker's thread after the poller's last poll.
+
+
 class _Registration:
     __slots__ = ("due", "poller", "refs")
 
@@ -68,6 +72,7 @@ class Worker:
         self._cond = threading.Condition()
         self._pending: list[tuple[PendingItem, ErrorReporter, Lane]] = []
         self._pollers: dict[Hashable, _Registration] = {}
+        self._released: list[Poller] = []  # to close on the thread, never during one of their polls
         self._thread: threading.Thread | None = None
 
     # -- API -------------------------------------------------------------------------------------------
@@ -90,6 +95,9 @@ class Worker:
                 registration.refs -= 1
                 if registration.refs <= 0:
                     del self._pollers[key]
+                    self._released.append(registration.poller)
+                    self._ensure_thread()
+                    self._cond.notify_all()
 
     def lane(self) -> Lane:
         """A new lane of this worker: the pending items of one model (or of tracked requests)."""
@@ -122,7 +130,11 @@ class Worker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                if not self._pending and not self._pollers:
+                released, self._released = self._released, []
+            for poller in released:
+                self._close(poller)
+            with self._cond:
+                if not self._pending and not self._pollers and not self._released:
                     self._thread = None
                     return
                 now = time.monotonic()
@@ -148,6 +160,15 @@ class Worker:
                 except Exception:
                     # Pollers count their own errors; this is the backstop that keeps the thread alive.
                     logger.exception("inferwatch: poller %r failed", registration.poller)
+
+    @staticmethod
+    def _close(poller: Poller) -> None:
+        close = getattr(poller, "close", None)
+        try:
+            if close is not None:
+                close()
+        except Exception:
+            logger.exception("inferwatch: closing poller %r failed", poller)
 
     @staticmethod
     def _settle(item: PendingItem, errors: ErrorReporter) -> bool:

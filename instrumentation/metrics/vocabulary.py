@@ -30,11 +30,12 @@ STEP_TOKEN_KINDS: tuple[StepTokenKind, ...] = get_args(StepTokenKind)
 KVBlockState = Literal["used", "prefix_cached", "total"]
 KV_BLOCK_STATES: tuple[KVBlockState, ...] = get_args(KVBlockState)
 
-#: ``llm_gpu_busy_ratio{source}``: this process's kernels (NVML's per-process samples), or the device's
-#: utilization where the process is its only compute process.
-BusySource = Literal["process", "device"]
+#: ``llm_gpu_busy_ratio{source}``: this process's kernels (NVML's per-process samples), or, where the process
+#: is its GPU's only compute process, the GPU's graphics-engine activity (GPM) or its utilization.
+BusySource = Literal["process", "device", "graphics"]
 SOURCE_PROCESS: BusySource = "process"
 SOURCE_DEVICE: BusySource = "device"
+SOURCE_GRAPHICS: BusySource = "graphics"
 BUSY_SOURCES: tuple[BusySource, ...] = get_args(BusySource)
 
 #: ``llm_gpu_busy_unavailable{reason}``.

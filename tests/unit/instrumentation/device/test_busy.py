@@ -11,6 +11,7 @@ utilization as samples every 200 ms, idle ones included.
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import pynvml
@@ -52,6 +53,10 @@ class Nvml:
         self.sample_lag_us: dict[int, int] = {}  # pid -> how much older than the last period its sample is
         self.during_call: list[object] = []  # what `watch()` returned inside each per-process call
         self.watch = lambda: None
+
+    def clock(self) -> float:
+        """The monotonic clock of the driver's samples, in seconds."""
+        return self.now_us / 1e6
 
     def advance(self, *percents: int) -> None:
         """200 ms of GPU samples pass, one per value."""
@@ -186,7 +191,7 @@ def test_a_failing_call_is_raised_to_be_counted() -> None:
 
 def _pollers(registry, nvml: Nvml) -> tuple[NvmlPoller, ModelPoller]:
     metrics = metrics_for(registry, InstrumentConfig())
-    device = NvmlPoller(metrics, DeviceIdentity("cuda:0", GPU_UUID), 0, 1.0, nvml=nvml)
+    device = NvmlPoller(metrics, DeviceIdentity("cuda:0", GPU_UUID), 0, 1.0, nvml=nvml, clock=nvml.clock)
     model = ModelPoller(
         series_for(metrics, "m"),
         torch.device("cpu"),  # where the headroom is read from: any device the CI machine has
@@ -287,3 +292,115 @@ def test_alone_in_a_listing_counts_as_alone_only_where_the_listing_shows_every_p
 def test_the_initial_pid_namespace_is_told_apart(tmp_path) -> None:
     assert busy.in_initial_pid_namespace(str(tmp_path / "missing")) is False  # unknown: not assumed
     assert isinstance(busy.in_initial_pid_namespace(), bool)
+
+
+class GpmNvml(Nvml):
+    """:class:`Nvml` of a GPU with GPM: the graphics engine's active share between two samples is what
+    the test sets before the later sample is taken; two samples 100 ms apart or closer give NaN, as on a
+    real GPU. The sample buffers it hands out must all come back."""
+
+    class Sample:
+        taken_us: int | None = None
+        graphics: float = 0.0
+
+    class MetricsGet:
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)]
+
+    c_nvmlGpmMetricsGet_t = MetricsGet
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graphics = 0.0  # percent, of the window the next sample closes
+        self.live_samples: set[int] = set()
+
+    def nvmlGpmQueryDeviceSupport(self, handle: str) -> SimpleNamespace:
+        self._check("gpm")
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> Sample:
+        sample = self.Sample()
+        self.live_samples.add(id(sample))
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Sample) -> None:
+        self.live_samples.remove(id(sample))
+
+    def nvmlGpmSampleGet(self, handle: str, sample: Sample) -> None:
+        sample.taken_us, sample.graphics = self.now_us, self.graphics
+
+    def nvmlGpmMetricsGet(self, request: MetricsGet) -> None:
+        first, second = request.sample1, request.sample2
+        metric = request.metrics[0]
+        assert request.numMetrics == 1 and metric.metricId == 1  # GRAPHICS_UTIL
+        too_close = second.taken_us - first.taken_us <= 100_000
+        metric.nvmlReturn, metric.value = 0, float("nan") if too_close else second.graphics
+
+
+def test_the_only_process_on_a_gpu_with_gpm_reads_the_graphics_engine(registry) -> None:
+    nvml = GpmNvml()
+    device, model = _pollers(registry, nvml)
+    nvml.advance(90, 90)  # NVML's utilization: busy periods, not kernel time
+    device.poll()  # the first GPM sample opens a window: nothing to publish yet, and no reason missing
+    model.poll()
+    assert "llm_gpu_busy_ratio{" not in scrape(registry)
+    assert "llm_gpu_busy_unavailable{" not in scrape(registry)
+    nvml.graphics = 7.3
+    nvml.advance(90, 90)
+    device.poll()
+    model.poll()
+    assert metric(registry, "llm_gpu_busy_ratio", model="m", device="cuda:0", source="graphics") == 0.073
+    assert 'source="device"' not in scrape(registry)
+
+
+def test_graphics_windows_span_polls_and_restart_when_the_gpu_is_shared() -> None:
+    nvml = GpmNvml()
+    meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}), clock=nvml.clock)
+    assert meter.read({PID}) is None  # the window opens
+    nvml.graphics = 20.0
+    nvml.advance(50)
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.2), vocabulary.SOURCE_GRAPHICS)
+    nvml.graphics = 99.0
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.2), vocabulary.SOURCE_GRAPHICS)  # too soon
+    nvml.processes = [7, PID]  # a neighbour: the GPU's figure is no longer this process's
+    nvml.process_shares = {PID: 5}
+    nvml.advance(99)
+    assert meter.read({7, PID}) == busy.BusyReading(pytest.approx(0.05), vocabulary.SOURCE_PROCESS)
+    nvml.processes = [PID]  # alone again: the neighbour's time is in no window of this process
+    nvml.advance(10)
+    assert meter.read({PID}) is None
+    nvml.graphics = 4.0
+    nvml.advance(10)
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.04), vocabulary.SOURCE_GRAPHICS)
+    meter.close()
+    assert nvml.live_samples == set()
+
+
+def test_a_gpu_whose_gpm_is_not_supported_reads_its_utilization() -> None:
+    nvml = GpmNvml()
+    nvml.unsupported = {"gpm"}
+    meter = busy.BusyMeter(nvml, "gpu0", own=frozenset({PID}))
+    nvml.advance(30, 50)
+    assert meter.read({PID}) == busy.BusyReading(pytest.approx(0.4), vocabulary.SOURCE_DEVICE)
+    assert nvml.live_samples == set()
+
+
+def test_a_released_poller_gives_its_gpm_buffers_back_on_the_worker_thread(registry) -> None:
+    from inferwatch.instrumentation.device.worker import Worker
+
+    nvml = GpmNvml()
+    metrics = metrics_for(registry, InstrumentConfig())
+    worker = Worker("test-nvml")
+    poller = worker.acquire(
+        "gpu0", lambda: NvmlPoller(metrics, DeviceIdentity("cuda:0", GPU_UUID), 0, 0.05, nvml=nvml)
+    )
+    deadline = time.monotonic() + 5
+    while not nvml.live_samples and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(nvml.live_samples) == 2, poller
+    worker.release("gpu0")
+    while nvml.live_samples and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert nvml.live_samples == set()
