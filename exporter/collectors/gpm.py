@@ -30,6 +30,9 @@ def _activity(name: str, help_: str) -> FamilySpec:
     )
 
 
+GRAPHICS_ACTIVE = _activity(
+    "gpu_graphics_active_ratio", "Fraction of time the graphics engine had work: a kernel ran"
+)
 SM_ACTIVE = _activity("gpu_sm_active_ratio", "Fraction of the SMs busy with at least one warp")
 SM_OCCUPANCY = _activity("gpu_sm_occupancy_ratio", "Warps resident on the SMs against the most they can hold")
 TENSOR_ACTIVE = _activity("gpu_tensor_active_ratio", "Fraction of time the tensor cores worked (any type)")
@@ -53,6 +56,7 @@ NVLINK_RX = gpu_gauge(
 # NVML_GPM_METRIC_* ids (nvmlGpmMetricId_t, part of the C ABI). Activities come in percent, throughputs
 # in MiB/s.
 _ACTIVITIES: tuple[tuple[FamilySpec, int], ...] = (
+    (GRAPHICS_ACTIVE, 1),  # GRAPHICS_UTIL (DCGM's GR_ENGINE_ACTIVE)
     (SM_ACTIVE, 2),  # SM_UTIL
     (SM_OCCUPANCY, 3),  # SM_OCCUPANCY
     (TENSOR_ACTIVE, 5),  # ANY_TENSOR_UTIL

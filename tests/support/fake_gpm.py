@@ -21,7 +21,7 @@ from tests.support.fake_nvml_types import (
 _GPM_MIN_SECONDS = 0.1
 NVML_GPM_METRIC_MAX = 477
 # GPM metric id -> value (percent, or MiB/s), for the whole GPU; a GPU instance gets half of each.
-GPM_VALUES = {2: 60.0, 3: 25.0, 5: 45.0, 10: 30.0, 11: 0.0, 12: 10.0, 13: 5.0, 20: 100.0, 21: 200.0}
+GPM_VALUES = {1: 70.0, 2: 60.0, 3: 25.0, 5: 45.0, 10: 30.0, 11: 0.0, 12: 10.0, 13: 5.0, 20: 100.0, 21: 200.0}
 _GPM_NVLINK_VALUES = {60: 1000.0, 61: 1500.0}  # GPUs with NVLink only
 
 

@@ -44,6 +44,7 @@ def test_each_reading_is_a_ratio_over_the_window_between_two_samples(
     poller.collect()  # within the next window (the clock has not moved): the last window's values
     within = render(poller)
     for gpu in (0, 1):
+        assert gpu_value(text, "gpu_graphics_active_ratio", gpu, gpu_instance="") == 0.70
         assert gpu_value(text, "gpu_sm_active_ratio", gpu, gpu_instance="") == 0.60
         assert gpu_value(text, "gpu_sm_occupancy_ratio", gpu) == 0.25
         assert gpu_value(text, "gpu_tensor_active_ratio", gpu) == 0.45
@@ -108,7 +109,7 @@ def test_nan_readings_are_left_out_and_counted(
     assert gpu_value(text, "gpu_sm_active_ratio", 0) is None
     assert gpu_value(text, "gpu_tensor_active_ratio", 0) is None
     assert gpu_value(text, "gpu_sm_active_ratio", 1) == 0.60
-    assert gpm_errors(text, "nvmlGpmMetricsGet", "nan") == 9  # each of 7 activities and 2 PCIe directions
+    assert gpm_errors(text, "nvmlGpmMetricsGet", "nan") == 10  # each of 8 activities and 2 PCIe directions
     assert "NaN" not in text
 
 
