@@ -110,6 +110,7 @@ GPU_UTIL = Gauge(Selector(names.GPU_UTILIZATION_RATIO), GPU, "max")
 # NVML GPM, of the whole GPU (gpu_instance="": not of one MIG instance).
 WHOLE_GPU = (eq("gpu_instance", ""),)
 SM_ACTIVE = Gauge(Selector(names.GPU_SM_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
+GRAPHICS_ACTIVE = Gauge(Selector(names.GPU_GRAPHICS_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
 TENSOR_ACTIVE = Gauge(Selector(names.GPU_TENSOR_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
 FP32_ACTIVE = Gauge(Selector(names.GPU_FP32_ACTIVE_RATIO, WHOLE_GPU), GPU, "max")
 GPU_MEMORY_USED = Gauge(Selector(names.GPU_MEMORY_USED_BYTES), GPU, "max")

@@ -25,8 +25,9 @@ def busy_ratio() -> PanelSpec:
     )
     return PanelSpec(
         "Device busy ratio",
-        "Fraction of wall time the GPU ran the serving process's kernels (NVML: the process's own "
-        "utilization, or the GPU's where it is the only process). Below "
+        "Fraction of wall time the GPU ran the serving process's kernels (NVML: the graphics engine's "
+        "activity from GPM, or the GPU's utilization, where it is the GPU's only process; else the "
+        "process's own utilization). Below "
         f"{limit:.0%} while requests are in flight (InferwatchHostBound) the GPU waits for the host. "
         "Models on the CPU have none.",
         "percentunit",
@@ -45,16 +46,21 @@ def busy_ratio_vs_nvml() -> PanelSpec:
         promql.aggregate("avg", serving(names.LLM_FORWARD_TIME_RATIO), (*PER_MODEL, "device")),
         f"{MODEL_LEGEND} {{{{device}}}} inside forward passes",
     )
+    graphics = query(
+        on_models_gpu(promql.aggregate("max", models_gpu(names.GPU_GRAPHICS_ACTIVE_RATIO), ("uuid", "gpu"))),
+        "graphics engine active on {{model}}'s GPU {{gpu}} ({{instance}})",
+    )
     return PanelSpec(
         "Device busy ratio and NVML utilization",
         "The serving process's kernels (busy ratio) next to NVML's view of the model's whole GPU (found by "
         "its UUID) and to the share "
         "of wall time inside the model's forward passes: busy ratio and NVML both low while requests run "
         "means the host is the bottleneck; NVML high but busy ratio low means another process uses the "
-        "GPU; forwards high but busy ratio low means the forwards spend their time launching kernels.",
+        "GPU; forwards high but busy ratio low means the forwards spend their time launching kernels. "
+        "The exporter's graphics-engine activity (GPM, Hopper and newer) is the whole GPU's kernel time.",
         spec.unit,
         spec.thresholds,
-        [*spec.queries, nvml, forwards],
+        [*spec.queries, nvml, graphics, forwards],
     )
 
 

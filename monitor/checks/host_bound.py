@@ -22,6 +22,7 @@ from ..queries import (
     BUSY_UNAVAILABLE,
     FORWARD_TIME,
     GPU_PROCESS_MEMORY,
+    GRAPHICS_ACTIVE,
     MODEL_GPUS,
     PROCESS_CPU_RATE,
     RUNNING,
@@ -65,6 +66,7 @@ def check_host_bound(source: Source, limits: Thresholds) -> list[Finding]:
             spans = statistics.fmean(values(forward_time[group]))
             what = "wall time inside forward passes (mean; launching kernels counts)"
             evidence.append(evidence_for(source, what, percent(spans), FORWARD_TIME))
+        evidence.extend(_graphics_evidence(source, gpus.get(group, "")))
         evidence.extend(_process_cpu_evidence(source, gpus.get(group, "")))
         findings.append(
             Finding(
@@ -94,6 +96,20 @@ def _why_no_busy_ratio(source: Source) -> str:
         f"no {names.LLM_GPU_BUSY_RATIO} in the window: no instrumented process on a GPU is scraped (a model "
         "on the CPU has none)"
     )
+
+
+def _graphics_evidence(source: Source, uuid: str) -> list[Evidence]:
+    """The exporter's graphics-engine activity of the model's whole GPU (GPM): the time any process's
+    kernels ran, which a busy ratio from the process's own share cannot show."""
+    found = [
+        points
+        for group, points in source.series(GRAPHICS_ACTIVE).items()
+        if uuid and dict(group).get("uuid") == uuid
+    ]
+    if not found:
+        return []
+    what = "graphics engine active on the model's GPU (GPM, every process's kernels; mean)"
+    return [evidence_for(source, what, percent(statistics.fmean(values(found[0]))), GRAPHICS_ACTIVE)]
 
 
 def _process_cpu_evidence(source: Source, uuid: str) -> list[Evidence]:

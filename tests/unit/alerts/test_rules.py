@@ -93,7 +93,7 @@ def test_firing_cases_state_every_label_and_annotation() -> None:
 @pytest.mark.parametrize(
     ("overrides", "test_file", "failing_test"),
     [
-        ({"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.6}}}, "serving.yaml", "50% busy"),
+        ({"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.7}}}, "serving.yaml", "60% busy"),
         ({"alerts": {"InferwatchGpuClocksThrottled": {"for": "5m"}}}, "throttling.yaml", "9-minute cap"),
         ({"selectors": {"exporter": 'job="node"'}}, "throttling.yaml", "hardware slowdown fires"),
         ({"alerts": {"InferwatchKvCacheNearlyFull": {"used_ratio_above": 0.95}}}, "memory.yaml", "95% full"),

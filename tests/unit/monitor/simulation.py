@@ -113,6 +113,7 @@ class Gpus:
         self.utilization = Gauge("gpu_utilization_ratio", "", g, registry=r)
         gpm = [*g, "gpu_instance"]
         self.sm_active = Gauge("gpu_sm_active_ratio", "", gpm, registry=r)
+        self.graphics_active = Gauge("gpu_graphics_active_ratio", "", gpm, registry=r)
         self.tensor_active = Gauge("gpu_tensor_active_ratio", "", gpm, registry=r)
         self.fp32_active = Gauge("gpu_fp32_active_ratio", "", gpm, registry=r)
         # The exporter's view of the serving process: on the GPU, and its CPU.
@@ -131,6 +132,7 @@ class Gpus:
         process_cpu: float = 0.3,
         utilization: float = 0.9,
         sm_active: float | None = 0.85,
+        graphics_active: float = 0.9,
         tensor_active: float = 0.6,
         fp32_active: float = 0.02,
     ) -> None:
@@ -139,6 +141,7 @@ class Gpus:
         self.utilization.labels("0", "GPU-0").set(utilization)
         if sm_active is not None:
             self.sm_active.labels("0", "GPU-0", "").set(sm_active)
+            self.graphics_active.labels("0", "GPU-0", "").set(graphics_active)
             self.tensor_active.labels("0", "GPU-0", "").set(tensor_active)
             self.fp32_active.labels("0", "GPU-0", "").set(fp32_active)
         for reason in ("gpu_idle", "sw_power_cap", "hw_slowdown"):

@@ -53,6 +53,14 @@ def test_host_bound_evidence_includes_the_serving_process_cpu() -> None:
     assert cpu.query == "sum by (instance, pid, comm) (rate(inferwatch_process_cpu_seconds_total[1s]))"
 
 
+def test_host_bound_evidence_includes_the_gpus_graphics_engine() -> None:
+    diagnosis = run(5, serving=lambda i: {"busy": 0.2}, gpus=lambda i: {"graphics_active": 0.21})
+    (finding,) = findings(diagnosis, "host-bound")
+    (graphics,) = [e for e in finding.evidence if e.what.startswith("graphics engine active")]
+    assert graphics.value == "21%"
+    assert graphics.query == 'max by (instance, gpu, uuid) (gpu_graphics_active_ratio{gpu_instance=""})'
+
+
 def test_idle_process_is_not_host_bound() -> None:
     diagnosis = run(5, serving=lambda i: {"busy": 0.0, "running": 0, "tokens": 0, "requests": 0})
     assert findings(diagnosis, "host-bound") == []
