@@ -22,11 +22,10 @@ intervals cover 5 %). The driver knows when kernels ran. Which of its figures is
   would count the neighbours' kernels, and a busy ratio that reads high hides a host-bound model.
 
 The GPU's figures come first where they are this process's, the graphics engine's before the
-utilization: NVML's utilization and per-process shares count the sample periods in which a kernel ran,
-not kernel time, so a host-bound loop of short kernels reads several times its kernel-busy share (an
-H100's eager 1B decode: 0.19 against the profiler's 0.073; compiled 0.52 against 0.193), while the
-graphics engine's active share follows the union of kernel intervals (docs/benchmarks.md, "The GPU busy
-ratio", for each source against the trace).
+utilization (the engine's counter covers exactly the time between two polls). Every source counts the
+engine's time around each kernel too, so a loop of many short kernels reads above its kernel-busy share
+(an H100: eager 1B decode 0.12 for 0.09, compiled 0.47 for 0.41; docs/benchmarks.md, "The GPU busy ratio,
+each source against the trace").
 """
 
 from __future__ import annotations

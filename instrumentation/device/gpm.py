@@ -1,11 +1,11 @@
 """The graphics engine's activity of one GPU from NVML's GPM (Hopper and newer): the share of time it
-had work, which is the share of time a kernel ran.
+had work between two samples.
 
-NVML's utilization counts a sample period as busy if any kernel ran in it (one period every ~167 ms on
-an H100): a host-bound loop of short kernels reads many times its kernel-busy share (an H100's eager 1B
-decode: 0.19 against the profiler's 0.073). GPM's ``GRAPHICS_UTIL`` (DCGM's ``GR_ENGINE_ACTIVE``) is the
-engine's own active-cycle count between two samples; docs/metrics.md holds what it reads against the
-profiler's union of kernel intervals (docs/benchmarks.md, "The GPU busy ratio").
+It is GPM's ``GRAPHICS_UTIL`` (DCGM's ``GR_ENGINE_ACTIVE``), a counter of the engine's active time over
+exactly the window between two polls, where NVML's utilization is a mean of its own sample periods. On an
+H100 both read within 0.01 of each other, and above the profiler's union of kernel intervals by the
+engine's time around each kernel (0.05 at 28 k kernels/s, 0.07 at 88 k): docs/benchmarks.md, "The GPU busy
+ratio, each source against the trace".
 
 GPM counts the whole GPU (or a GPU instance under MIG), not one process: the busy meter takes it only
 where the GPU's figure is this process's (:mod:`.busy`). NVML keeps the sample buffers; each reader holds
