@@ -261,6 +261,7 @@ class Captures:
             if capture.memory:
                 MEMORY.start_recording(config.memory_max_entries)
                 recording = True
+            _detach_cupti_after_captures()
             capture._profiler = _new_profiler()
             # torch's one-time set-up of its profiler (seconds, the first time in a process) runs here, not
             # on the serving thread that starts it.
@@ -420,6 +421,25 @@ def _new_profiler() -> Any:
         activities.append(ProfilerActivity.CUDA)
     # No shapes, stacks or memory: each multiplies the trace; acc_events off: nothing is kept after it.
     return profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
+
+
+#: The variable that tells torch's profiler library (kineto) to detach CUPTI when a trace stops.
+TEARDOWN_VARIABLE = "TEARDOWN_CUPTI"
+
+
+def _detach_cupti_after_captures() -> None:
+    """Have kineto detach CUPTI (``cuptiFinalize``) when a capture stops. Kineto leaves it attached unless
+    told: CUPTI's callbacks then stay on every kernel launch for the life of the process (an H100's 1B
+    eager decode ran at 0.71 of its speed from 5 s to 45 s after one 20-step capture: docs/profiling.md,
+    "What a capture costs"). A value the user set is kept, and one that keeps CUPTI attached is said once."""
+    value = os.environ.setdefault(TEARDOWN_VARIABLE, "1")
+    if value != "1":
+        log.warning(
+            "%s=%s: CUPTI stays attached after a profile capture ends, and every kernel launch pays for it "
+            "until the process exits; unset it to have captures leave no cost",
+            TEARDOWN_VARIABLE,
+            value,
+        )
 
 
 def _discard_prepared(profiler: Any) -> None:

@@ -10,9 +10,9 @@ the throughput is measured in 5 s windows from 5 s to ``--after`` seconds after 
 * **inferwatch**: instrumented, its endpoint started with ``INFERWATCH_PROFILE=1``, and the capture asked
   for with ``inferwatch profile URL --steps 20``, the command a user runs.
 
-Throughput is tokens over the wall time of the requests that ended in a window (not requests counted per
-window, which moves in steps of a whole request). Checks for ``inferwatch``: every window after the
-capture at least 0.98 of the median before; exit status 0 with no "terminate called" and no
+Throughput is 32 tokens over the median wall time of the requests that ended in a window (not requests
+counted per window, which moves in steps of a whole request). Checks for ``inferwatch``: every window
+after the capture at least 0.98 of the median before; exit status 0 with no "terminate called" and no
 "External init callback" line in its output. ``torch`` is the reference the issue asked for: whether
 torch's profiler alone leaves the cost. About three minutes. On the GPU machine (the endpoint needs
 uvicorn and httptools: carried wheels there)::
@@ -100,9 +100,10 @@ print("RESULT " + json.dumps(result), flush=True)
 
 
 def tokens_per_second(requests: list[tuple[float, float]], start: float, end: float) -> float | None:
-    """32 tokens a request over the wall time of the requests that ended in [start, end)."""
+    """32 tokens over the median wall time of the requests that ended in [start, end): the median, as the
+    shared host's hiccups stretch single requests by a third."""
     inside = [seconds for ended, seconds in requests if start <= ended < end]
-    return 32 * len(inside) / sum(inside) if inside else None
+    return 32 / statistics.median(inside) if inside else None
 
 
 def run_variant(variant: str, before: float, after: float, out: Path) -> dict[str, Any]:

@@ -90,6 +90,25 @@ def test_a_capture_covers_the_next_steps_and_leaves_nothing_behind(llama, instru
     assert generate_until_armed_and_done(llama, endpoint, again["id"])["state"] == "done"
 
 
+@pytest.mark.parametrize(("before", "after", "warned"), [(None, "1", False), ("0", "0", True)])
+def test_a_capture_has_kineto_detach_cupti_unless_the_user_said_otherwise(
+    llama, instrumented, endpoint, monkeypatch: pytest.MonkeyPatch, caplog, before, after, warned
+) -> None:
+    # Kineto leaves CUPTI attached after a trace unless TEARDOWN_CUPTI=1, and every kernel launch pays for
+    # it from then on (docs/profiling.md); the variable is read when a trace stops.
+    if before is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    else:
+        monkeypatch.setenv("TEARDOWN_CUPTI", before)
+    instrumented(llama)
+    status, state = post(f"{endpoint}/debug/profile?steps=2")
+    assert status == 202, state
+    with caplog.at_level("WARNING", logger="inferwatch.instrumentation.profiling.captures"):
+        assert generate_until_armed_and_done(llama, endpoint, state["id"])["state"] == "done"
+    assert os.environ["TEARDOWN_CUPTI"] == after
+    assert ("CUPTI stays attached" in caplog.text) is warned
+
+
 def test_a_capture_spans_the_requests_of_its_thread_and_no_other_thread(llama, instrumented, endpoint):
     instrumented(llama)
     status, state = post(f"{endpoint}/debug/profile?steps=15&seconds=20")
