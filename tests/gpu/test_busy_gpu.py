@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -102,3 +103,35 @@ def test_nvml_switched_off_says_so() -> None:
     reasons = [s.labels["reason"] for s in samples if s.name == "llm_gpu_busy_unavailable"]
     assert reasons == ["nvml_disabled"]
     assert not [s for s in samples if s.name == "llm_gpu_busy_ratio"]
+
+
+def test_alone_on_a_gpu_with_gpm_the_busy_ratio_is_the_graphics_engines() -> None:
+    import pynvml
+    from inferwatch.instrumentation import InstrumentConfig, instrument
+    from inferwatch.instrumentation.demo.models import build_model
+    from prometheus_client import CollectorRegistry
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    if not pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+        pytest.skip("this GPU has no GPM (before Hopper)")
+    if len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle)) > 1:
+        pytest.skip("another process is on the GPU: its figure is not this process's")
+    registry = CollectorRegistry()
+    model = build_model("tiny-llama", device="cuda")
+    config = InstrumentConfig(poll_interval_seconds=0.5)
+    instrumented = instrument(model, model_name="m", registry=registry, config=config)
+    ids = torch.ones((1, 8), dtype=torch.long, device="cuda")
+    sources: set[str] = set()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+            for family in registry.collect():
+                for sample in family.samples:
+                    if sample.name == "llm_gpu_busy_ratio":
+                        sources.add(sample.labels["source"])
+                        assert 0 <= sample.value <= 1, sample
+    finally:
+        instrumented.remove()
+    assert sources == {"graphics"}
