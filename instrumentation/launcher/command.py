@@ -201,14 +201,16 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> La
     )
 
 
-def check_endpoint_environment(environ: Mapping[str, str]) -> None:
-    """ConfigError for a web config, profiling or middleware variable the program's endpoint or the
-    middleware the launcher adds to transformers serve could not start with."""
+def check_endpoint_environment(environ: Mapping[str, str], *, middleware: bool) -> None:
+    """ConfigError for a web config, profiling or helper-process variable the metrics endpoint could not
+    start with, and with ``middleware`` for one of the middleware the launcher adds to transformers serve:
+    ``inferwatch run`` and ``inferwatch demo`` say it in one line before anything starts."""
     try:
         ProfileConfig.from_env(environ)
         load_web_config(environ.get(WEB_CONFIG_ENV, ""))
         helper_process_wanted(environ)
-        stop_setting_from_env(environ)
+        if middleware:
+            stop_setting_from_env(environ)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -277,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no program given: inferwatch run [OPTIONS] -- PROGRAM [ARGS...]")
     settings = resolve_settings(args, os.environ)
     config_env = _instrument_config_environment(args, os.environ)
-    check_endpoint_environment(os.environ)
+    check_endpoint_environment(os.environ, middleware=True)
     if settings.serve:
         try:
             check_port_free(settings.address, settings.port)
