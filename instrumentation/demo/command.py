@@ -149,7 +149,7 @@ def _validate(args: argparse.Namespace) -> None:
         validate_port(args.port)
     except ValueError as exc:
         raise ConfigError(f"--port: {exc}") from None
-    check_endpoint_environment(os.environ, middleware=False)
+    check_endpoint_environment(os.environ, program=False)
     if args.model not in BUILTIN_MODELS and not os.path.isdir(args.model):
         raise ConfigError(
             f"--model: unknown model {args.model!r}: not a directory, and built-in models are "

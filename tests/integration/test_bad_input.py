@@ -99,6 +99,11 @@ def a_file(tmp_path: Path) -> Path:
             "inferwatch run: --web.config.file {empty}/none.yml: [Errno 2] No such file",
         ),
         (
+            ["run", "--", "true"],
+            {"INFERWATCH_RUN_MAX_COLLECTION_BYTES": "12"},
+            "inferwatch run: INFERWATCH_RUN_MAX_COLLECTION_BYTES must be a number of bytes of at least 65536",
+        ),
+        (
             ["demo", "--port=0"],
             {"INFERWATCH_WEB_CONFIG_FILE": "{empty}/none.yml"},
             "inferwatch demo: --web.config.file {empty}/none.yml: [Errno 2] No such file",
