@@ -512,7 +512,8 @@ class ProgramHub:
             gone.add_sample("inferwatch_run_process_exits_total", {"role": role, "how": how}, count)
         slow = Metric(
             "inferwatch_run_late_collections",
-            f"Collections a process did not answer within {COLLECT_TIMEOUT} s (its last one was served).",
+            f"Collections a process did not answer within {COLLECT_TIMEOUT} s, or was not asked for while "
+            "it had not answered the one before (its last one was served).",
             "counter",
         )
         for role, count in sorted(late.items()):

@@ -399,9 +399,16 @@ def test_peers_beyond_the_cap_are_refused_counted_and_logged_at_a_bounded_rate(
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before its hello
                 sock.sendall(frame({"op": "hello", "pid": os.getpid(), "role": "worker"}))
             assert _closed_by_the_hub(sock)
+        # The program's own process beyond the cap is told, and says so in its log.
+        _PeerAgent(hub.address, "engine", registry=_registry(1))
+        wait_until(
+            lambda: any("refused this process" in r.getMessage() for r in caplog.records),
+            timeout=10,
+            what="the refused engine's line",
+        )
         body = _scrape(collector)
         assert sample_value(body, "inferwatch_run_processes", role="worker") == MAX_PEERS
-        assert sample_value(body, "inferwatch_run_refused_connections_total", reason="full") == 20
+        assert sample_value(body, "inferwatch_run_refused_connections_total", reason="full") == 21
         for sock in joined:
             sock.close()
         wait_until(
@@ -409,7 +416,7 @@ def test_peers_beyond_the_cap_are_refused_counted_and_logged_at_a_bounded_rate(
             timeout=30,
             what="the peers gone",
         )
-    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
     gone = [r for r in caplog.records if "without a goodbye" in r.getMessage()]
     assert 1 <= len(refusals) <= 5, [r.getMessage() for r in refusals]
     assert 1 <= len(gone) <= 5, len(gone)  # 64 peers gone, 5 lines (the rest counted)
