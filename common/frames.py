@@ -22,7 +22,7 @@ from typing import Any
 
 from inferwatch.common.prerendered import PrerenderedFamily
 from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample, Timestamp
+from prometheus_client.samples import Exemplar, Sample, Timestamp
 
 PREFIX = struct.Struct("!II")
 #: The largest head a reader accepts unless told otherwise; a longer one is a broken or hostile peer.
@@ -147,8 +147,8 @@ def _plain(value: Any) -> float:
 
 def pack_families(families: Iterable[Metric], lines: bool = False) -> bytes:
     """Collected metric families as a frame's body: a JSON list of each family's name, help, type, unit
-    and samples (each sample as prometheus_client's ``Sample`` tuple: name, labels, value, timestamp, and
-    the exemplar and native histogram, which the reader drops). With ``lines``, a
+    and samples (each sample as prometheus_client's ``Sample`` tuple: name, labels, value, timestamp,
+    exemplar and native histogram, which :func:`unpack_families` keeps as it says). With ``lines``, a
     :class:`~inferwatch.common.prerendered.PrerenderedFamily` goes as its encoded lines instead, after the
     JSON (one copy of bytes, not an encoding per sample), for a reader that trusts and encodes them (the
     endpoint's helper)."""
@@ -191,14 +191,14 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _sample(entry: Any) -> Sample | None:
+def _sample(entry: Any, trusted: bool) -> Sample | None:
     """A sample from its JSON; None for one the wire does not carry (a native histogram's). The hot loop
     of a hub's collection: its strings are checked in one concatenation (which also fails on any that is
-    not a string)."""
+    not a string). Only a ``trusted`` sender's exemplars are kept: OpenMetrics' encoder writes their label
+    names as they are, and fails on one outside a counter or a histogram's buckets."""
     if type(entry) is not list or not 3 <= len(entry) <= 6:
         raise ProtocolError("a sample that is not a list of its name, labels and value")
     name, labels, value = entry[0], entry[1], entry[2]
-    timestamp = entry[3] if len(entry) > 3 else None
     if type(labels) is not dict:
         raise ProtocolError(f"sample {name!r}: labels that are not an object")
     try:
@@ -212,20 +212,41 @@ def _sample(entry: Any) -> Sample | None:
         if value is None and len(entry) == 6 and entry[5] is not None:
             return None
         raise ProtocolError(f"sample {name!r}: a value that is not a number")
-    if timestamp is not None:
-        seconds = _number(timestamp)
-        # The text format writes milliseconds as an integer: beyond this, no clock's, and inf fails.
-        if seconds is None or not abs(seconds) < _LATEST_TIMESTAMP:
-            raise ProtocolError(f"sample {name!r}: a timestamp that is not a number of seconds")
-        timestamp = seconds
-    return Sample(name, labels, number, timestamp)
+    timestamp = _timestamp(entry[3]) if len(entry) > 3 else None
+    exemplar = _exemplar(entry[4]) if trusted and len(entry) > 4 else None
+    return Sample(name, labels, number, timestamp, exemplar)
 
 
-def unpack_families(body: bytes, lines: bool = False) -> list[Metric]:
+def _timestamp(value: Any) -> float | None:
+    if value is None:
+        return None
+    seconds = _number(value)
+    # The text format writes milliseconds as an integer: beyond this, no clock's, and inf fails.
+    if seconds is None or not abs(seconds) < _LATEST_TIMESTAMP:
+        raise ProtocolError("a timestamp that is not a number of seconds")
+    return seconds
+
+
+def _exemplar(entry: Any) -> Exemplar | None:
+    if entry is None:
+        return None
+    if type(entry) is not list or len(entry) != 3 or type(entry[0]) is not dict:
+        raise ProtocolError("an exemplar that is not its labels, value and timestamp")
+    labels, value, timestamp = entry
+    if not all(_text(key) and _text(label) for key, label in labels.items()):
+        raise ProtocolError("an exemplar whose labels are not strings")
+    number = _number(value)
+    if number is None:
+        raise ProtocolError("an exemplar whose value is not a number")
+    return Exemplar(labels, number, _timestamp(timestamp))
+
+
+def unpack_families(body: bytes, trusted: bool = False) -> list[Metric]:
     """The families :func:`pack_families` packed, every field checked: ProtocolError for anything else
-    (not JSON, nested too deep, a wrong type or shape anywhere). Prerendered lines are accepted only
-    with ``lines``: they go into an exposition as they are, so only from a process trusted to have
-    encoded them (the serving process, for its helper)."""
+    (not JSON, nested too deep, a wrong type or shape anywhere). Prerendered lines and exemplars are
+    kept only from a ``trusted`` sender (the serving process, for its helper): lines go into an
+    exposition as they are. Native histograms are not carried (prometheus_client's own metrics make
+    none)."""
     if len(body) < _PACKED.size:
         raise ProtocolError("a collection shorter than its length")
     (size,) = _PACKED.unpack_from(body)
@@ -244,7 +265,7 @@ def unpack_families(body: bytes, lines: bool = False) -> list[Metric]:
         if not _UNIT.fullmatch(unit):
             raise ProtocolError(f"family {name!r}: a unit that is not a word")
         try:
-            if lines and type(content) is int and 0 <= content <= len(body) - offset:
+            if trusted and type(content) is int and 0 <= content <= len(body) - offset:
                 families.append(
                     PrerenderedFamily(name, documentation, kind, unit, body[offset : offset + content])
                 )
@@ -255,7 +276,7 @@ def unpack_families(body: bytes, lines: bool = False) -> list[Metric]:
             raise ProtocolError(f"family {name!r}: {exc}") from None
         if type(content) is not list:
             raise ProtocolError(f"family {name!r}: samples that are not a list")
-        family.samples = [sample for sample in map(_sample, content) if sample is not None]
+        family.samples = [sample for sample in (_sample(e, trusted) for e in content) if sample is not None]
         families.append(family)
     if offset != len(body):
         raise ProtocolError("a collection with bytes beyond its families")

@@ -427,7 +427,7 @@ class _RemoteRenderings:
         encoded, self._encoded = self._encoded, 0.0
         head, body = await self._channel.ask({"op": "collect", "taken": held, "encoded": encoded})
         if self._snapshot is None or head["taken"] != held:
-            self._snapshot = Collection(unpack_families(body, lines=True), head["taken"])
+            self._snapshot = Collection(unpack_families(body, trusted=True), head["taken"])
         self._reusable_until = head["reusable_until"]
         return bool(head["collected"])
 

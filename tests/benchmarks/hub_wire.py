@@ -50,7 +50,7 @@ def _pickled(families: list[Any], lines: bool) -> bytes:
     return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _unpickled(body: bytes, lines: bool) -> list[Any]:
+def _unpickled(body: bytes, trusted: bool) -> list[Any]:
     from inferwatch.common.prerendered import PrerenderedFamily
     from prometheus_client.metrics_core import Metric
 
@@ -94,7 +94,7 @@ def run(models: int, rounds: int, helper: bool) -> dict[str, Any]:
             started = time.thread_time()
             body = pack(families, lines=helper)
             packed = time.thread_time()
-            shipped = unpack(body, lines=helper)
+            shipped = unpack(body, trusted=helper)
             unpacked = time.thread_time()
             samples = sum(len(f.samples) for f in shipped if not helper)
             results[name].append(

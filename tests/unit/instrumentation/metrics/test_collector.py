@@ -75,7 +75,7 @@ def _assert_identical(metrics: Metrics) -> list[Metric]:
     collected = list(metrics.registry.collect())  # the collector (and the oldest-age refresh) first
     assert all(isinstance(family, PrerenderedFamily) for family in collected)
     reference = _Reference(metrics)
-    shipped = unpack_families(pack_families(collected, lines=True), lines=True)
+    shipped = unpack_families(pack_families(collected, lines=True), trusted=True)
     assert all(isinstance(family, PrerenderedFamily) and not family._samples for family in shipped)
     for accept in ACCEPTS:
         encoder, _ = choose_encoder(accept)
@@ -83,7 +83,7 @@ def _assert_identical(metrics: Metrics) -> list[Metric]:
         assert encode_families(encoder, collected) == expected, accept
         # The helper's copy (the lines, their samples parsed back where an escaping needs them).
         assert (
-            encode_families(encoder, unpack_families(pack_families(collected, lines=True), lines=True))
+            encode_families(encoder, unpack_families(pack_families(collected, lines=True), trusted=True))
             == expected
         ), accept
         # Any other reader of samples (generate_latest on the registry, the program's hub).
@@ -157,7 +157,7 @@ def test_a_mixed_collection_keeps_the_order_and_the_plain_families() -> None:
     # Its samples, parsed back from the lines where nothing made them.
     assert mixed[1].samples == plain[1].samples
     # As the endpoint's helper gets it: the lines as they were.
-    assert unpack_families(pack_families([mixed[1]], lines=True), lines=True)[0].lines == lines
+    assert unpack_families(pack_families([mixed[1]], lines=True), trusted=True)[0].lines == lines
 
 
 def test_a_child_with_its_own_samples_is_read_through_them(metrics: Metrics) -> None:
