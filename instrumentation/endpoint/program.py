@@ -630,9 +630,26 @@ class _PeerAgent:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect("\0" + address)
         self._send_lock = threading.Lock()
-        self._send({"op": "hello", "pid": os.getpid(), "role": role})
+        try:
+            self._send({"op": "hello", "pid": os.getpid(), "role": role})
+        except OSError:
+            refusal = self._refusal()
+            self._sock.close()
+            if refusal is None:
+                raise
+            raise ConnectionRefusedError(f"it refused this process ({refusal})") from None
         threading.Thread(target=self._serve, name="inferwatch-peer", daemon=True).start()
         atexit.register(self._goodbye)
+
+    def _refusal(self) -> str | None:
+        """Why the hub closed the connection before the hello was sent, if it said (at the cap, a
+        refused process's hello meets a closed socket, the hub's words in front of it)."""
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            self._sock.settimeout(1.0)
+            head, _ = read_frame(self._sock, _MAX_HEAD, 0)
+            if head.get("op") == "refused":
+                return str(head.get("reason"))
+        return None
 
     def _send(self, head: dict[str, Any], body: bytes = b"") -> None:
         with self._send_lock:

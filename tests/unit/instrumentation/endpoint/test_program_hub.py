@@ -399,13 +399,18 @@ def test_peers_beyond_the_cap_are_refused_counted_and_logged_at_a_bounded_rate(
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before its hello
                 sock.sendall(frame({"op": "hello", "pid": os.getpid(), "role": "worker"}))
             assert _closed_by_the_hub(sock)
-        # The program's own process beyond the cap is told, and says so in its log.
-        _PeerAgent(hub.address, "engine", registry=_registry(1))
-        wait_until(
-            lambda: any("refused this process" in r.getMessage() for r in caplog.records),
-            timeout=10,
-            what="the refused engine's line",
-        )
+        # The program's own process beyond the cap is told why: as it sends its hello (which
+        # join_program logs), or once it reads the hub's words (logged by its thread).
+        try:
+            _PeerAgent(hub.address, "engine", registry=_registry(1))
+        except ConnectionRefusedError as exc:
+            assert str(exc) == "it refused this process (full)"
+        else:
+            wait_until(
+                lambda: any("refused this process" in r.getMessage() for r in caplog.records),
+                timeout=10,
+                what="the refused engine's line",
+            )
         body = _scrape(collector)
         assert sample_value(body, "inferwatch_run_processes", role="worker") == MAX_PEERS
         assert sample_value(body, "inferwatch_run_refused_connections_total", reason="full") == 21
