@@ -90,9 +90,6 @@ class PrerenderedFamily(Metric):
             return None
         return PrerenderedFamily(self.name, self.documentation, self.type, self.unit, b"".join(kept))
 
-    def __reduce__(self) -> Any:
-        return (PrerenderedFamily, (self.name, self.documentation, self.type, self.unit, self.lines))
-
 
 def _sample_name(line: bytes) -> str:
     end = len(line)

@@ -38,7 +38,7 @@ from inferwatch.instrumentation.endpoint.server import (
     start_http_server,
     validate_port,
 )
-from inferwatch.instrumentation.launcher.command import with_flag_hint
+from inferwatch.instrumentation.launcher.command import check_endpoint_environment, with_flag_hint
 from prometheus_client import REGISTRY
 
 DEFAULT_MODEL = "small-llama"
@@ -149,6 +149,7 @@ def _validate(args: argparse.Namespace) -> None:
         validate_port(args.port)
     except ValueError as exc:
         raise ConfigError(f"--port: {exc}") from None
+    check_endpoint_environment(os.environ, program=False)
     if args.model not in BUILTIN_MODELS and not os.path.isdir(args.model):
         raise ConfigError(
             f"--model: unknown model {args.model!r}: not a directory, and built-in models are "

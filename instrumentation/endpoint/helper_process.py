@@ -13,14 +13,14 @@ listening socket, and keeps one thread of its own that only collects the registr
   (:class:`_RemoteRenderings`); it forwards ``/debug/`` requests;
 * **the serving process** (:class:`HelperService`, on the ``inferwatch-http`` thread) collects within the
   renderings' budgets (:class:`~.app.Renderer`, charged with the helper's encodings too) and
-  sends each collection pickled once, answers the forwarded ``/debug/`` requests, and starts the helper
+  sends each collection packed once, answers the forwarded ``/debug/`` requests, and starts the helper
   again if it dies (the listening socket stays open in between: the kernel queues new connections), or
   if it stops answering: it pings the helper every :data:`PING_INTERVAL` and kills one that has not
   answered for :data:`PING_TIMEOUT` (stopped, deadlocked, a paused cgroup), which a helper that merely
   stays alive would otherwise make every scrape wait out. Each restart is logged once and counted in
   ``inferwatch_endpoint_helper_restarts_total{reason}``, served with the registry.
 
-So the serving process spends, whatever the clients do, one collection and its pickling per
+So the serving process spends, whatever the clients do, one collection and its packing per
 :data:`~.app.MAX_AGE`, plus those the renderings' budget allows. The two talk over a socket pair in
 frames of a JSON head and a byte body. The helper exits when its control socket closes (the serving
 process closed the endpoint or died), when the serving process's PID is no longer its parent's, and on
@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from inferwatch.common.authgate import guarded
-from inferwatch.common.frames import PREFIX, frame, pack_families, parse_head, unpack_families
+from inferwatch.common.frames import PREFIX, frame, pack_families, parse_head, parse_prefix, unpack_families
 from inferwatch.common.heap import return_freed_memory, trim_freed_memory
 from inferwatch.common.httpserver import (
     HttpServer,
@@ -99,8 +99,8 @@ _PATH_ENV = "_INFERWATCH_HTTP_SYS_PATH"
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
     """The next frame; ``asyncio.IncompleteReadError`` once the other side has closed."""
-    head_size, body_size = parse_head(await reader.readexactly(PREFIX.size))
-    head = json.loads(await reader.readexactly(head_size))
+    head_size, body_size = parse_prefix(await reader.readexactly(PREFIX.size))
+    head = parse_head(await reader.readexactly(head_size))
     return head, await reader.readexactly(body_size) if body_size else b""
 
 
@@ -427,7 +427,7 @@ class _RemoteRenderings:
         encoded, self._encoded = self._encoded, 0.0
         head, body = await self._channel.ask({"op": "collect", "taken": held, "encoded": encoded})
         if self._snapshot is None or head["taken"] != held:
-            self._snapshot = Collection(unpack_families(body), head["taken"])
+            self._snapshot = Collection(unpack_families(body, trusted=True), head["taken"])
         self._reusable_until = head["reusable_until"]
         return bool(head["collected"])
 

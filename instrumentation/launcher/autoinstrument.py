@@ -44,7 +44,13 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from inferwatch.instrumentation.endpoint.program import HUB_ENV, ProgramCollector, ProgramHub, join_program
+from inferwatch.instrumentation.endpoint.program import (
+    HUB_ENV,
+    ProgramCollector,
+    ProgramHub,
+    join_program,
+    max_collection_from_env,
+)
 from inferwatch.instrumentation.endpoint.server import (
     mark_process_dead,
     multiprocess_registry,
@@ -131,8 +137,8 @@ def _program_registry() -> ProgramCollector | None:
     """What the endpoint collects: this process's registry and the hub's, which the program's other
     processes report to (announced to them in the environment)."""
     try:
-        hub = ProgramHub()
-    except OSError as exc:
+        hub = ProgramHub(max_collection_from_env(os.environ))
+    except (OSError, ValueError) as exc:  # the launcher checked the bound: only a program's own change
         logger.warning("inferwatch run: only this process's metrics are served: %s", exc)
         return None
     os.environ[HUB_ENV] = hub.address

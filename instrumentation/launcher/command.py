@@ -27,6 +27,7 @@ from pathlib import Path
 from inferwatch.common.webconfig import load_web_config
 from inferwatch.instrumentation.config import ENV_PREFIX, ConfigError, InstrumentConfig
 from inferwatch.instrumentation.edge.middleware import stop_setting_from_env
+from inferwatch.instrumentation.endpoint.program import max_collection_from_env
 from inferwatch.instrumentation.endpoint.server import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
@@ -201,14 +202,18 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> La
     )
 
 
-def check_endpoint_environment(environ: Mapping[str, str]) -> None:
-    """ConfigError for a web config, profiling or middleware variable the program's endpoint or the
-    middleware the launcher adds to transformers serve could not start with."""
+def check_endpoint_environment(environ: Mapping[str, str], *, program: bool) -> None:
+    """ConfigError for a web config, profiling or helper-process variable the metrics endpoint could not
+    start with, and with ``program`` for one of what ``inferwatch run`` adds to the program (the middleware
+    on transformers serve, the program's hub): ``inferwatch run`` and ``inferwatch demo`` say it in one
+    line before anything starts."""
     try:
         ProfileConfig.from_env(environ)
         load_web_config(environ.get(WEB_CONFIG_ENV, ""))
         helper_process_wanted(environ)
-        stop_setting_from_env(environ)
+        if program:
+            stop_setting_from_env(environ)
+            max_collection_from_env(environ)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -277,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no program given: inferwatch run [OPTIONS] -- PROGRAM [ARGS...]")
     settings = resolve_settings(args, os.environ)
     config_env = _instrument_config_environment(args, os.environ)
-    check_endpoint_environment(os.environ)
+    check_endpoint_environment(os.environ, program=True)
     if settings.serve:
         try:
             check_port_free(settings.address, settings.port)

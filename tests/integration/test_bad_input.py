@@ -91,6 +91,23 @@ def a_file(tmp_path: Path) -> Path:
             {"INFERWATCH_HTTP_PROCESS": "yes"},
             "inferwatch run: INFERWATCH_HTTP_PROCESS must be 1 or 0, got 'yes'",
         ),
+        # A web config the endpoint cannot use: both commands that start one refuse it before anything
+        # starts (the demo gave a traceback and exit 1, issue 48).
+        (
+            ["run", "--", "true"],
+            {"INFERWATCH_WEB_CONFIG_FILE": "{empty}/none.yml"},
+            "inferwatch run: --web.config.file {empty}/none.yml: [Errno 2] No such file",
+        ),
+        (
+            ["run", "--", "true"],
+            {"INFERWATCH_RUN_MAX_COLLECTION_BYTES": "12"},
+            "inferwatch run: INFERWATCH_RUN_MAX_COLLECTION_BYTES must be a number of bytes of at least 65536",
+        ),
+        (
+            ["demo", "--port=0"],
+            {"INFERWATCH_WEB_CONFIG_FILE": "{empty}/none.yml"},
+            "inferwatch demo: --web.config.file {empty}/none.yml: [Errno 2] No such file",
+        ),
         (
             ["exporter", "--web.telemetry-path=/a b"],
             {},
@@ -106,6 +123,7 @@ def test_bad_input_is_one_line_and_exit_2(
     fill = {"{empty}": str(empty), "{file}": str(a_file)}
     for key, value in fill.items():
         args = [arg.replace(key, value) for arg in args]
+        env = {name: setting.replace(key, value) for name, setting in env.items()}
         line = line.replace(key, value)
     status, lines = run(args, **env)
     assert status == 2, lines

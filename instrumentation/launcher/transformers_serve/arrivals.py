@@ -10,7 +10,9 @@ Times are ``time.perf_counter()``, which on Linux is the system-wide monotonic c
 process of the machine (:func:`shared_clock`). The table has :data:`SLOTS` slots, a request's id picks
 one; a slot holds the id beside the time, so a request whose slot was taken over by a later one (more
 than :data:`SLOTS` requests in between) is timed from its entry into the engine instead, never from
-another request's arrival.
+another request's arrival. transformers makes an id as ``api_server * 2**40 + n`` (its
+``make_request_id``), so the slot is picked from both parts (:meth:`ArrivalTable._offset`): from the id
+modulo :data:`SLOTS` alone, every API server's n-th request would share one slot.
 
 The table is an anonymous file (``memfd_create``) that the process serving the endpoint holds open; the
 others open it through that process's ``/proc/PID/fd/N``, which :data:`ARRIVALS_ENV` names. Nothing of
@@ -35,6 +37,13 @@ ARRIVALS_ENV = "INFERWATCH_ARRIVALS_FILE"
 #: The temporary file's name prefix, where no anonymous file can be made.
 _PREFIX = "inferwatch-arrivals-"
 SLOTS = 1 << 16
+# transformers' ids: api_server * _IDS_PER_SERVER + n (IDS_PER_API_SERVER in transformers.cli.serving.utils).
+_IDS_PER_SERVER = 1 << 40
+# Where each API server's requests start in the table: SLOTS / golden ratio, so that the starting points
+# of k servers stay far apart (at least 9563 slots for 4 servers, 2251 for 16); a server's requests then
+# take consecutive slots from its own start, and requests of servers that go at similar rates never
+# meet while they are in flight.
+_SERVER_STRIDE = 40503
 _SLOT = struct.Struct("<qd")  # the request's id, its arrival time
 _EMPTY = -1
 
@@ -91,7 +100,8 @@ class ArrivalTable:
 
     @staticmethod
     def _offset(request_id: int) -> int:
-        return (request_id % SLOTS) * _SLOT.size
+        server, number = divmod(request_id, _IDS_PER_SERVER)
+        return ((number + server * _SERVER_STRIDE) % SLOTS) * _SLOT.size
 
     def put(self, request_id: int, arrived: float) -> None:
         """Record that request ``request_id`` arrived at ``arrived`` (``time.perf_counter()``)."""

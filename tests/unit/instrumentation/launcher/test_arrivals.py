@@ -83,3 +83,19 @@ def test_a_table_that_cannot_be_opened_is_said_not_silently_dropped(
     with caplog.at_level("WARNING", logger=arrivals.__name__):
         assert arrivals.program_table() is None
     assert "/proc/999999999/fd/3" in caplog.text and "entry into the engine" in caplog.text
+
+
+def test_requests_of_several_api_servers_do_not_share_slots(tmp_path: Path) -> None:
+    """transformers' ids are ``api_server * 2**40 + n``: every API server's n-th request has the same id
+    modulo any power of two up to 2**40, so the slot must depend on the server too. 1000 requests from
+    four API servers, all in flight at once (put, then read), are all found."""
+    from transformers.cli.serving.utils import make_request_id
+
+    path = tmp_path / "table"
+    path.write_bytes(b"\0" * (arrivals._SLOT.size * arrivals.SLOTS))
+    table = ArrivalTable(str(path))
+    ids = [make_request_id(server, n) for n in range(250) for server in range(4)]
+    for index, request_id in enumerate(ids):
+        table.put(request_id, float(index))
+    found = [table.get(request_id) for request_id in ids]
+    assert found == [float(index) for index in range(len(ids))]
