@@ -126,10 +126,13 @@ def test_tokens_per_second_while_one_long_request_runs(server: Server) -> None:
     # runs, as a user watching a long generation does, and it must be what the client receives, not 0
     # until the request ends. At the end the counters equal the server's `usage`.
     client = server.client()
+    start = server.metrics()
     probe = stream_chat(client, server.model, "how fast are you", max_tokens=64)
     rate = probe.content_chunks / (probe.total - probe.time_to_first_chunk)
     max_tokens = min(int(LONG_GENERATION_SECONDS * rate), MAX_POSITIONS - 200)
-    before = server.metrics()
+    # The probe's last tokens are settled when its generate returns, which can be after its client read the
+    # end of the stream: the long request's counts start once the probe is counted.
+    before = metrics_after(server, start, "llm_requests_total", 1)
     arrivals: list[float] = []
     outcome: dict[str, Any] = {}
 
