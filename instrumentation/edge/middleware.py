@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
@@ -75,9 +76,12 @@ class _EdgeMiddleware:
         """The request's arrival: when the kernel received it where its connection says (:mod:`.received`),
         else now; and the seconds between that receipt and now."""
         called = time.perf_counter()
-        received = self._recorder.received(connection_of, channel, called)
+        recorder = self._recorder
+        received = recorder.received(connection_of, channel, called)
         arrival = Arrival(called if received is None else received)
         arrival.stop_on_disconnect = self._stop
+        source = "application" if received is None else "socket"
+        arrival.on_claim = functools.partial(recorder.contained, recorder.count_arrival, source)
         return arrival, None if received is None else called - received
 
 

@@ -155,17 +155,19 @@ class EdgeRecorder:
 
     def received(self, connection_of: Callable[[Any], Any], channel: Any, now: float) -> float | None:
         """When the kernel received the request on the connection ``connection_of(channel)`` finds
-        (:mod:`.received`), on ``now``'s clock; None where unknown. Counted by source either way."""
+        (:mod:`.received`), on ``now``'s clock; None where unknown."""
         return self.contained(self._received, connection_of, channel, now)
 
     def _received(self, connection_of: Callable[[Any], Any], channel: Any, now: float) -> float | None:
-        received = received_at(connection_of(channel), now)
-        source = "application" if received is None else "socket"
+        return received_at(connection_of(channel), now)
+
+    def count_arrival(self, source: str) -> None:
+        """A model's request claimed an arrival whose time came from ``source``. Other requests (a model
+        list, a health check, a scanner) are no model's traffic and are not counted."""
         counter = self._arrivals.get(source)
         if counter is None:
             counter = self._arrivals[source] = self._metrics()[ARRIVAL_SOURCES].labels(source)
         counter.inc()
-        return received
 
     def _metrics(self) -> Any:
         return existing_metrics(self._registry) or metrics_for(self._registry, InstrumentConfig.from_env())

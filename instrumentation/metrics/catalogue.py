@@ -156,9 +156,10 @@ SOCKET_WAIT = _histogram(
 )  # fmt: skip
 ARRIVAL_SOURCES = _counter(
     "llm_http_arrivals_total", "requests", ("source",),
-    "HTTP requests the ASGI/WSGI middleware opened an arrival for, by where its time came from: socket "
-    "(the kernel's receipt, read from the connection) or application (the middleware's call: another "
-    "server or a connection that does not say).",
+    "Model requests (a generate, batched or tracked request claimed the arrival) that came through the "
+    "ASGI/WSGI middleware, counted as they are claimed, by where their arrival time came from: socket (the "
+    "kernel's receipt, read from the connection) or application (the middleware's call: another server or "
+    "a connection that does not say).",
 )  # fmt: skip
 PROMPT_TOKENS = _counter(
     "llm_prompt_tokens_total",

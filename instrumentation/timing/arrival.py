@@ -45,6 +45,7 @@ class Arrival:
         "_on_disconnect",
         "_waiting",
         "disconnected_at",
+        "on_claim",
         "series",
         "stop_on_disconnect",
         "time",
@@ -64,6 +65,8 @@ class Arrival:
         self.disconnected_at: float | None = None
         #: Whether the generation for a client that went away is stopped (the middleware's opt-in).
         self.stop_on_disconnect = False
+        #: Called once when a request claims the arrival (the middleware counts model requests with it).
+        self.on_claim: Callable[[], Any] | None = None
 
     def wait_on(self, waiting: _WaitingGauge) -> None:
         """Count the request in a model's ``llm_requests_waiting`` until it is claimed or closed (once)."""
@@ -90,7 +93,9 @@ class Arrival:
             self._stop_waiting()
             self.series = series
             self._on_disconnect = on_disconnect
-            gone = self.disconnected_at
+            gone, claimed, self.on_claim = self.disconnected_at, self.on_claim, None
+        if claimed is not None:
+            claimed()
         if gone is not None and on_disconnect is not None:
             on_disconnect(gone)
         return self.time
