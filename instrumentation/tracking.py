@@ -81,7 +81,7 @@ class RequestTracker:
             if open_arrival is not None:
                 claimed = open_arrival.claim(self._series, request.cancel)
                 if self._arrival is None:
-                    request.arrived(claimed)
+                    request.arrived(claimed, open_arrival.ttft_at_first_content)
             self._context_token = CURRENT_REQUEST.set(self._request)
         except Exception as exc:
             self._errors.report("track", exc)

@@ -38,6 +38,10 @@ QUANTILE_HISTOGRAMS = (
     names.LLM_E2E_REQUEST_LATENCY_SECONDS,
 )
 
+# The series of a histogram that its recorded quantiles read: end-to-end latency of served requests only
+# (a cancelled request's ends when its client left, not when it was answered).
+HISTOGRAM_MATCHERS = {names.LLM_E2E_REQUEST_LATENCY_SECONDS: (eq(names.OUTCOME, names.OUTCOME_SERVED),)}
+
 # The SLO alerts and the histogram each one reads.
 SLO_HISTOGRAMS = {
     "InferwatchTimeToFirstTokenBudgetBurn": names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
@@ -79,7 +83,9 @@ def recording_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         {
             "record": bucket_rate_record(metric, window),
             "expr": promql.sum_rate(
-                selectors.for_serving(f"{metric}_bucket"), (*PER_SERVICE, "le"), window
+                selectors.for_serving(f"{metric}_bucket", *HISTOGRAM_MATCHERS.get(metric, ())),
+                (*PER_SERVICE, "le"),
+                window,
             ).pretty(),
         }
         for metric in histograms

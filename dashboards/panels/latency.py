@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from inferwatch.alerts.rules.recording import mean_record
 from inferwatch.common import names, promql
+from inferwatch.common.promql import Matcher, eq
 
 from ..grafana import RATE, PanelSpec, Query, above, normal
 from .queries import (
@@ -22,9 +23,9 @@ from .queries import (
 
 
 def _latency(
-    metric: str, title: str, description: str, thresholds: list, with_mean: bool = False
+    metric: str, title: str, description: str, thresholds: list, with_mean: bool = False, *matchers: Matcher
 ) -> PanelSpec:
-    queries = [percentile(metric, q) for q in QUANTILES]
+    queries = [percentile(metric, q, *matchers) for q in QUANTILES]
     if with_mean:
         queries.append(mean(metric))
     return PanelSpec(title, description, "s", thresholds, queries)
@@ -36,37 +37,33 @@ def time_to_first_token() -> PanelSpec:
         names.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
         "Time to first token",
         f"From the request's arrival at the server (where the server reports it; else its entry into "
-        f"generate) until the first token is computed on the device: queue time plus prefill. The red "
-        f"line is the SLO target ({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
+        f"generate) until the first token reached the client: behind the HTTP edge, the first response "
+        f"chunk with content sent; elsewhere its sampling on the device. The red line is the SLO target "
+        f"({target} s) of InferwatchTimeToFirstTokenBudgetBurn.",
         above(target),
     )
 
 
 def first_token_against_first_content() -> PanelSpec:
-    model, sent = names.LLM_TIME_TO_FIRST_TOKEN_SECONDS, names.LLM_RESPONSE_TIME_TO_FIRST_CONTENT_SECONDS
+    sent = names.LLM_RESPONSE_TIME_TO_FIRST_CONTENT_SECONDS
+    queue, prefill = names.LLM_REQUEST_QUEUE_SECONDS, names.LLM_REQUEST_PREFILL_SECONDS
+    sampled = promql.Binary(
+        "+",
+        promql.histogram_mean(serving(queue), promql.PER_MODEL),
+        promql.histogram_mean(serving(prefill), promql.PER_MODEL),
+    )
     return PanelSpec(
-        "First token produced vs first content sent",
-        "What the model produced (time to first token, to its sampling on the device) against what the "
-        "server sent (arrival until the first body chunk with content left the middleware), medians and "
-        "p99. A gap is the serving code's: a streamer that holds text back, event framing, a slow writer. "
+        "First token sampled vs first content sent",
+        "Means: when the device had the first token (queue time plus prefill, from the arrival) against "
+        "when the server sent the first body chunk with content (behind the HTTP edge, the time to first "
+        "token as the client gets it). The gap is the serving stack's: a streamer that holds text back, "
+        "queues and threads between the model and the HTTP response (an engine process), event framing. "
         "Empty without the ASGI/WSGI middleware (inferwatch run adds it to transformers serve).",
         "s",
         normal(),
         [
-            query(
-                promql.histogram_quantile(0.5, serving(model), promql.PER_MODEL),
-                f"produced p50 {MODEL_LEGEND}",
-            ),
-            query(
-                promql.histogram_quantile(0.5, serving(sent), promql.PER_MODEL), f"sent p50 {MODEL_LEGEND}"
-            ),
-            query(
-                promql.histogram_quantile(0.99, serving(model), promql.PER_MODEL),
-                f"produced p99 {MODEL_LEGEND}",
-            ),
-            query(
-                promql.histogram_quantile(0.99, serving(sent), promql.PER_MODEL), f"sent p99 {MODEL_LEGEND}"
-            ),
+            query(sampled, f"sampled mean {MODEL_LEGEND}"),
+            mean(sent, what="sent mean"),
         ],
     )
 
@@ -102,9 +99,12 @@ def end_to_end_latency() -> PanelSpec:
     return _latency(
         names.LLM_E2E_REQUEST_LATENCY_SECONDS,
         "End-to-end latency",
-        "Host time from entry into generate to its return, per successful request. It grows with the "
+        "Host time from the request's arrival (else its entry into generate) to generate's return, per "
+        'served request (outcome="ok"; a cancelled request\'s ends when its client left). It grows with the '
         "number of generated tokens; compare it with the per-token panels before calling it slow.",
         normal(),
+        False,
+        eq(names.OUTCOME, names.OUTCOME_SERVED),
     )
 
 

@@ -136,9 +136,10 @@ def on_models_gpu(gpu_expr: promql.Expr) -> promql.Expr:
     return models.times(gpu_expr, promql.Matching(("uuid",), group_left=("gpu",)))
 
 
-def percentile(metric: str, quantile: float) -> Query:
-    """The ``quantile`` of histogram ``metric`` per model, from bucket rates summed per model."""
-    expr = promql.histogram_quantile(quantile, serving(metric), PER_MODEL)
+def percentile(metric: str, quantile: float, *matchers: Matcher) -> Query:
+    """The ``quantile`` of histogram ``metric`` per model (its series narrowed by ``matchers``), from bucket
+    rates summed per model."""
+    expr = promql.histogram_quantile(quantile, serving(metric, *matchers), PER_MODEL)
     return query(expr, f"p{quantile * 100:g} {MODEL_LEGEND}")
 
 

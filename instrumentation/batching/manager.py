@@ -119,7 +119,8 @@ class BatchingHooks:
                     arrival = ARRIVAL.get()
                     first = arrival is not None and not arrival.claimed
                     arrived = arrival.time if first else None
-                    timeline.arrive(request_id, arrived, created, len(input_ids), limit)
+                    edge = first and arrival.ttft_at_first_content
+                    timeline.arrive(request_id, arrived, created, len(input_ids), limit, edge)
                     if first:  # after arrive: a client already gone cancels the request at once
                         arrival.claim(timeline.series, _disconnect(manager, request_id, arrival, timeline))
             except Exception as exc:
@@ -213,8 +214,8 @@ def _disconnect(manager: weakref.ref, request_id: str, arrival: Any, timeline: B
     """What ends a request whose client went away: cancelled now, and its generation stopped where the
     middleware was asked to (``stop_generation_on_disconnect``)."""
 
-    def on_disconnect(at: float) -> None:
-        timeline.cancel(request_id)
+    def on_disconnect(at: float, undelivered_from: float) -> None:
+        timeline.cancel(request_id, undelivered_from)
         held = manager()
         if arrival.stop_on_disconnect and held is not None:
             try:

@@ -45,9 +45,11 @@ class _Tracked:
         self.state: str | None = _WAITING  # None once finished
         self.sampled = False  # a step that samples its next token has been scheduled
 
-    def arrived(self, arrival: float) -> None:
-        """The server's arrival of the request, earlier than the scheduler's."""
+    def arrived(self, arrival: float, ttft_at_edge: bool) -> None:
+        """The server's arrival of the request, earlier than the scheduler's; ``ttft_at_edge``: the HTTP
+        edge observes its TTFT (Arrival.ttft_at_first_content)."""
         self.timeline.ttft_start = self.timeline.arrival = arrival
+        self.timeline.ttft_at_edge = ttft_at_edge
 
 
 class _Step:
@@ -134,17 +136,25 @@ class BatchTimeline:
     # -- requests (callers' threads and the manager's) -------------------------------------------------
 
     def arrive(
-        self, request_id: str, arrival: float | None, created: float, prompt: int, limit: int | None = None
+        self,
+        request_id: str,
+        arrival: float | None,
+        created: float,
+        prompt: int,
+        limit: int | None = None,
+        ttft_at_edge: bool = False,
     ) -> None:
         """A request was handed to the manager: ``arrival`` from an open Arrival, else ``created``;
-        ``limit``: its ``max_new_tokens``."""
+        ``limit``: its ``max_new_tokens``; ``ttft_at_edge``: the arrival's HTTP edge observes its TTFT."""
         with self._lock:
             tracked = self._requests.get(request_id)
             if tracked is None:
-                self._requests[request_id] = _Tracked(created if arrival is None else arrival, prompt, limit)
+                tracked = self._requests[request_id] = _Tracked(created, prompt, limit)
+                if arrival is not None:
+                    tracked.arrived(arrival, ttft_at_edge)
                 self.series.waiting.inc()
             elif arrival is not None and tracked.timeline.first_token is None:
-                tracked.arrived(arrival)  # the scheduler saw it first
+                tracked.arrived(arrival, ttft_at_edge)  # the scheduler saw it first
                 self.series.running_since((id(self), request_id), arrival)
 
     def requeue(self, state: Any) -> None:
@@ -161,8 +171,15 @@ class BatchTimeline:
         if tracked is None:
             self.arrive(request_id, None, state.created_time, len(state.initial_tokens))
 
-    def cancel(self, request_id: str) -> None:
-        """The client went away (``manager.cancel_request``, or the middleware saw it go)."""
+    def cancel(self, request_id: str, undelivered_from: float | None = None) -> None:
+        """The client went away (``manager.cancel_request``, or the middleware saw it go); the tokens
+        sampled for it after ``undelivered_from`` (its last delivery: Arrival.undelivered_from; default
+        now) never reached it and are wasted."""
+        with self._lock:
+            tracked = self._requests.get(request_id)
+            if tracked is not None and tracked.state is not None:
+                boundary = time.perf_counter() if undelivered_from is None else undelivered_from
+                tracked.timeline.cancel_at(boundary)
         self._finish(request_id, "cancelled", None)
 
     def fail(self, state: Any, error: BaseException) -> None:
@@ -396,3 +413,6 @@ class BatchTimeline:
             series.settle_request_tokens(
                 tracked.prompt, generated, counted_prompt, timeline.token_steps, observations
             )
+        if status == "cancelled" and timeline.wasted_steps:
+            # Sampled after its last delivery, before the manager knew: the later ones are the abandoned's.
+            observations.count(series.wasted_tokens, timeline.wasted_steps)

@@ -80,6 +80,7 @@ class _EdgeMiddleware:
         received = recorder.received(connection_of, channel, called)
         arrival = Arrival(called if received is None else received)
         arrival.stop_on_disconnect = self._stop
+        arrival.ttft_at_first_content = True  # the response is watched: the TTFT is its first content
         source = "application" if received is None else "socket"
         arrival.on_claim = functools.partial(recorder.contained, recorder.count_arrival, source)
         return arrival, None if received is None else called - received

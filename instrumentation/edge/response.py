@@ -93,11 +93,14 @@ class ResponseWatch:
 
     def sent(self, body: bytes, more: bool, at: float) -> None:
         """The server took ``body`` at ``at``; ``more``: further chunks follow."""
+        if body:
+            self.arrival.delivered(at)
         if body and self.first_content is None and self._carries_content(body):
             self.first_content = at
-            series = self.arrival.series
+            arrival = self.arrival
+            series = arrival.series
             if series is not None:  # observed now, while the rest streams
-                series.observe_response(at - self.arrival.time, None)
+                series.observe_response(at - arrival.time, None, arrival.ttft_at_first_content)
         if not more:
             self.completed = True
             self.last_byte = at
@@ -178,8 +181,11 @@ class EdgeRecorder:
         if series is not None:
             if watch.socket_wait is not None:
                 series.observe_socket_wait(watch.socket_wait)
-            if watch.completed and watch.arrival.disconnected_at is None:
-                series.observe_response(None, watch.last_byte - watch.arrival.time)
+            arrival = watch.arrival
+            if watch.completed and arrival.disconnected_at is None:
+                # A response with no content at all (an empty answer) reached its client whole at its end.
+                ttft = arrival.ttft_at_first_content and watch.first_content is None
+                series.observe_response(None, watch.last_byte - arrival.time, ttft)
             return
         if method != "POST":
             return

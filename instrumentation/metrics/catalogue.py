@@ -63,7 +63,8 @@ TTFT = _histogram(
     "llm_time_to_first_token_seconds", "seconds", M, "ttft_buckets",
     "Time from a request's arrival at the server (where known: inferwatch run's transformers serve hook, "
     "the ASGI/WSGI middleware, request_arrival) or else its entry into generate, until its first token "
-    "was sampled on the device.",
+    "reached the client: behind the HTTP edge, the first response chunk with content handed to the "
+    "server; elsewhere, the first token sampled on the device.",
 )  # fmt: skip
 ITL = _histogram(
     "llm_inter_token_latency_seconds", "seconds", M, "itl_buckets",
@@ -79,9 +80,10 @@ MAX_ITL = _histogram(
     "Per request: the longest gap between two consecutive tokens (worst stall).",
 )  # fmt: skip
 E2E = _histogram(
-    "llm_e2e_request_latency_seconds", "seconds", M, "e2e_buckets",
-    "Per successful request: host time from its arrival (where known) or entry into generate to the "
-    "return of generate.",
+    "llm_e2e_request_latency_seconds", "seconds", ("model", "outcome"), "e2e_buckets",
+    "Per request that ended served (outcome=ok: to the return of generate) or cancelled (outcome="
+    "cancelled: to when its client went away): host time from its arrival (where known) or entry into "
+    "generate.",
 )  # fmt: skip
 PREFILL = _histogram(
     "llm_request_prefill_seconds", "seconds", M, "ttft_buckets",
@@ -134,7 +136,8 @@ FINISHED = _counter(
 )  # fmt: skip
 WASTED_TOKENS = _counter(
     "llm_wasted_tokens_total", "tokens", M,
-    "Tokens generated for a request after its client went away (counted in "
+    "Tokens generated for a cancelled request that never reached its client: sampled after the last chunk "
+    "of its response was sent (behind the HTTP edge), else after it went away (counted in "
     "llm_generation_tokens_total too).",
 )  # fmt: skip
 RESPONSE_FIRST_CONTENT = _histogram(

@@ -23,6 +23,7 @@ from inferwatch.instrumentation.metrics.vocabulary import (
     BUSY_SOURCES,
     FINISH_REASONS,
     KV_BLOCK_STATES,
+    OUTCOMES,
     PHASES,
     STATUSES,
     STEP_TOKEN_KINDS,
@@ -80,7 +81,8 @@ class ModelSeries:
         self.itl = bind(cat.ITL)
         self.tpot = bind(cat.TPOT)
         self.max_itl = bind(cat.MAX_ITL)
-        self.e2e = bind(cat.E2E)
+        self.e2e = bind(cat.E2E, "ok")  # a served request's; a cancelled one's once there is one
+        self._e2e_by_outcome: dict[str, Any] = {"ok": self.e2e}
         self.prefill = bind(cat.PREFILL)
         self.decode = bind(cat.DECODE)
         self.queue = bind(cat.QUEUE)
@@ -184,9 +186,20 @@ class ModelSeries:
                 self._kv_bytes_per_token = self.metrics[cat.KV_CACHE_BYTES_PER_TOKEN].labels(self.name)
             self._kv_bytes_per_token.set(per_token)
 
-    def observe_response(self, first_content: float | None, last_byte: float | None) -> None:
+    def e2e_for(self, status: str) -> Any:
+        """The end-to-end latency histogram of a request that ended with ``status``, or None where the
+        status has none (an error, an OOM: no outcome the user waited for)."""
+        e2e = self._e2e_by_outcome.get(status)
+        if e2e is None and status in OUTCOMES:
+            e2e = self._e2e_by_outcome[status] = self.metrics[cat.E2E].labels(self.name, status)
+        return e2e
+
+    def observe_response(
+        self, first_content: float | None, last_byte: float | None, ttft: bool = False
+    ) -> None:
         """A response the middleware watched: seconds from the arrival to its first content byte and to its
-        last byte, where it had them."""
+        last byte, where it had them. ``ttft``: the first of them (the first content, else the last byte) is
+        also the request's time to first token, as its client got it."""
         if self._responses is None:
             self._responses = (
                 self.metrics[cat.RESPONSE_FIRST_CONTENT].labels(self.name),
@@ -197,6 +210,8 @@ class ModelSeries:
             first.observe(first_content)
         if last_byte is not None:
             last.observe(last_byte)
+        if ttft:
+            self.ttft.observe(last_byte if first_content is None else first_content)
 
     def observe_socket_wait(self, seconds: float) -> None:
         """A request the middleware saw ``seconds`` after the kernel had received it."""

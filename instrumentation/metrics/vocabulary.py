@@ -47,3 +47,8 @@ NVML_UNAVAILABLE: BusyUnavailable = "nvml_unavailable"
 NOT_SUPPORTED: BusyUnavailable = "not_supported"
 PROCESS_NOT_VISIBLE: BusyUnavailable = "process_not_visible"
 PROCESS_AMBIGUOUS: BusyUnavailable = "process_ambiguous"
+
+#: ``llm_e2e_request_latency_seconds{outcome}``: a served request's latency to its end, and a cancelled
+#: one's to when its client went away (the two statuses a request ends with having run for its client).
+Outcome = Literal["ok", "cancelled"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)

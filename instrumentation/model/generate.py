@@ -85,7 +85,7 @@ class GenerateWrapper:
                 token_limit=new_token_limit(kwargs, generation_config, prompt_length),
             )
             if arrival is not None:
-                request.arrived(arrival.claim(model.series, request.cancel))
+                request.arrived(arrival.claim(model.series, request.cancel), arrival.ttft_at_first_content)
             return request
         except Exception as exc:
             model.errors.report("generate_enter", exc)

@@ -44,11 +44,14 @@ class Arrival:
         "_lock",
         "_on_disconnect",
         "_waiting",
+        "delivered_until",
         "disconnected_at",
         "on_claim",
+        "publish_delivery",
         "series",
         "stop_on_disconnect",
         "time",
+        "ttft_at_first_content",
     )
 
     def __init__(self, at: float | None = None) -> None:
@@ -63,10 +66,18 @@ class Arrival:
         self.series: Any = None
         #: ``time.perf_counter()`` when the client went away before its answer was sent, or None.
         self.disconnected_at: float | None = None
+        #: ``time.perf_counter()`` when the last chunk of its response was handed to the server, or None:
+        #: a token sampled later never reached the client (see :meth:`delivered`).
+        self.delivered_until: float | None = None
+        #: Hands each delivery to another process that runs the request (transformers serve's engine).
+        self.publish_delivery: Callable[[float], None] | None = None
         #: Whether the generation for a client that went away is stopped (the middleware's opt-in).
         self.stop_on_disconnect = False
         #: Called once when a request claims the arrival (the middleware counts model requests with it).
         self.on_claim: Callable[[], Any] | None = None
+        #: Whether the request's TTFT ends when its response's first content is sent, not when its first
+        #: token is sampled: set by the HTTP edge that watches the response (docs/timing.md, "TTFT").
+        self.ttft_at_first_content = False
 
     def wait_on(self, waiting: _WaitingGauge) -> None:
         """Count the request in a model's ``llm_requests_waiting`` until it is claimed or closed (once)."""
@@ -80,12 +91,15 @@ class Arrival:
         """Whether a model's request ran for this arrival."""
         return self._claimed
 
-    def claim(self, series: Any = None, on_disconnect: Callable[[float], None] | None = None) -> float | None:
+    def claim(
+        self, series: Any = None, on_disconnect: Callable[[float, float], None] | None = None
+    ) -> float | None:
         """The arrival time for the first request that runs for it (no longer waiting); None after that:
         a second ``generate`` for the same server request is timed from its own entry.
 
-        ``series``: the claiming model's; ``on_disconnect(at)`` ends its request as cancelled at ``at``,
-        called at once if the client has already gone."""
+        ``series``: the claiming model's; ``on_disconnect(at, undelivered_from)`` ends its request as
+        cancelled at ``at``, the tokens it sampled after ``undelivered_from`` wasted
+        (:meth:`undelivered_from`); called at once if the client has already gone."""
         with self._lock:
             if self._claimed:
                 return None
@@ -97,8 +111,24 @@ class Arrival:
         if claimed is not None:
             claimed()
         if gone is not None and on_disconnect is not None:
-            on_disconnect(gone)
+            on_disconnect(gone, self.undelivered_from(gone))
         return self.time
+
+    def undelivered_from(self, gone: float) -> float:
+        """From when on what the request sampled never reached its client, which left at ``gone``: where
+        the HTTP edge watched the response, after its last chunk sent (everything, if none was); else
+        after ``gone``."""
+        if not self.ttft_at_first_content:
+            return gone
+        return self.time if self.delivered_until is None else self.delivered_until
+
+    def delivered(self, at: float) -> None:
+        """A chunk of the response was handed to the server at ``at``: what was sampled until then may
+        have reached the client."""
+        self.delivered_until = at
+        publish = self.publish_delivery
+        if publish is not None:
+            publish(at)
 
     def disconnect(self, at: float) -> None:
         """The client went away at ``at`` (``time.perf_counter()``) before its answer was sent (once)."""
@@ -108,7 +138,7 @@ class Arrival:
             self.disconnected_at = at
             on_disconnect = self._on_disconnect
         if on_disconnect is not None:
-            on_disconnect(at)
+            on_disconnect(at, self.undelivered_from(at))
 
     def close(self) -> None:
         """The server is done with the request (answered, failed or abandoned before it ran)."""

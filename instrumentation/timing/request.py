@@ -269,11 +269,13 @@ class Request:
             )
         )
 
-    def arrived(self, arrival: float | None) -> None:
+    def arrived(self, arrival: float | None, ttft_at_edge: bool = False) -> None:
         """The request reached the server at ``arrival`` (an Arrival's claim; None: unknown or claimed
-        before): TTFT and E2E start there, and its queue time is observed."""
+        before): TTFT and E2E start there, and its queue time is observed. ``ttft_at_edge``: the HTTP edge
+        observes its TTFT (Arrival.ttft_at_first_content)."""
         if arrival is not None:
             self.timeline.ttft_start = self.timeline.arrival = arrival
+            self.timeline.ttft_at_edge = ttft_at_edge
             self.series.running_since(id(self), arrival)
 
     def mark_tokens_at_sampling(self) -> None:
@@ -396,12 +398,13 @@ class Request:
 
     # -- the end of a request --------------------------------------------------------------------------
 
-    def cancel(self, at: float) -> None:
+    def cancel(self, at: float, undelivered_from: float | None = None) -> None:
         """The client went away at ``at`` (``time.perf_counter()``): the request ends ``cancelled`` now,
-        whatever its caller does afterwards; the tokens it generates after ``at`` are wasted. Its marks
-        are still resolved when the caller returns (:meth:`finish`)."""
+        whatever its caller does afterwards. The tokens it sampled after ``undelivered_from`` (default
+        ``at``; Arrival.undelivered_from) never reached the client and are wasted. Its marks are still
+        resolved when the caller returns (:meth:`finish`)."""
         if self._end("cancelled", at):
-            self.timeline.cancel_at(at)
+            self.timeline.cancel_at(at if undelivered_from is None else undelivered_from)
 
     def finish(self, status: Status, counts: Fetched | None = None) -> None:
         """The caller returned (or raised) with ``status``; ``counts``: the tokens generate generated, on

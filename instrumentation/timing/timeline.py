@@ -11,6 +11,7 @@ docs/timing.md describes. Every observation goes into the caller's
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any
 
 from inferwatch.instrumentation.timing.clock import Anchor, Clock
@@ -65,6 +66,12 @@ class AnchorMapping:
         return durations, [end + lag for end in ends]
 
 
+#: Token steps a timeline remembers the ends of until its client's leaving is known: more than are
+#: sampled between a client's last delivery and the server's noticing that it left (a second at 1000
+#: tokens/s).
+RECENT_STEPS = 1024
+
+
 class TokenTimeline:
     """One request's times on the host clock, from its TTFT start to its last token.
 
@@ -72,32 +79,43 @@ class TokenTimeline:
     its caller entered; ``arrival`` is that arrival, or None (then no queue time is observed)."""
 
     __slots__ = (
+        "_recent",
         "arrival",
-        "cancelled_at",
         "first_token",
         "last_token",
         "max_gap",
         "prefill_start",
         "token_steps",
+        "ttft_at_edge",
         "ttft_start",
+        "undelivered_from",
         "wasted_steps",
     )
 
     def __init__(self, ttft_start: float, arrival: float | None) -> None:
         self.ttft_start = ttft_start
         self.arrival = arrival
+        #: The HTTP edge observes the TTFT, at the response's first content (Arrival.ttft_at_first_content).
+        self.ttft_at_edge = False
         self.prefill_start: float | None = None
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.token_steps = 0  # token steps placed (tokens per sequence)
         self.max_gap = 0.0
-        #: When the client went away, if it did before its answer was sent (see :meth:`cancel_at`).
-        self.cancelled_at: float | None = None
-        self.wasted_steps = 0  # token steps placed after ``cancelled_at``: generated for nobody
+        #: Once its client went away: from when on its tokens never reached it (see :meth:`cancel_at`).
+        self.undelivered_from: float | None = None
+        self.wasted_steps = 0  # token steps placed after ``undelivered_from``: generated for nobody
+        #: The ends of the last token steps placed, with their tokens: those already placed when the
+        #: client's leaving is known can still have been sampled after its last delivery.
+        self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=RECENT_STEPS)
 
-    def cancel_at(self, at: float) -> None:
-        """The client went away at ``at``: the token steps that end later are wasted."""
-        self.cancelled_at = at
+    def cancel_at(self, undelivered_from: float) -> None:
+        """The client went away; the token steps that end after ``undelivered_from`` (its last delivery,
+        Arrival.undelivered_from) never reached it and are wasted, those already placed included."""
+        self.undelivered_from = undelivered_from
+        recent = tuple(self._recent)  # one C-level copy: the resolving thread may be placing steps
+        self.wasted_steps += sum(tokens for end, tokens in recent if end > undelivered_from)
+        self._recent.clear()
 
     def start_prefill(self, at: float, series: ModelSeries, observations: Observations) -> None:
         """The request's first forward began at ``at``: its queue time ends there."""
@@ -106,15 +124,19 @@ class TokenTimeline:
             observations.observe(series.queue, max(0.0, at - self.arrival))
 
     def place(self, end: float, tokens: int, series: ModelSeries, observations: Observations) -> None:
-        """``tokens`` per sequence became available at ``end``: the first ends TTFT and the prefill, a
-        later step is ``tokens`` inter-token latencies of a ``tokens``-th of its gap each."""
+        """``tokens`` per sequence became available at ``end``: the first ends the prefill and TTFT (unless
+        the HTTP edge observes it), a later step is ``tokens`` inter-token latencies of a ``tokens``-th of
+        its gap each."""
         previous, self.last_token = self.last_token, end
         self.token_steps += tokens
-        if self.cancelled_at is not None and end > self.cancelled_at:
+        if self.undelivered_from is None:
+            self._recent.append((end, tokens))
+        elif end > self.undelivered_from:
             self.wasted_steps += tokens
         if previous is None:
             self.first_token = end
-            observations.observe(series.ttft, end - self.ttft_start)
+            if not self.ttft_at_edge:
+                observations.observe(series.ttft, end - self.ttft_start)
             start = self.prefill_start
             observations.observe(series.prefill, end - (self.ttft_start if start is None else start))
             return
@@ -139,19 +161,22 @@ class TokenTimeline:
         gaps = [later - before for before, later in zip(earlier, ends, strict=True)]
         self.max_gap = max(self.max_gap, *gaps)
         self.token_steps += len(ends)
-        if self.cancelled_at is not None:
-            self.wasted_steps += sum(1 for end in ends if end > self.cancelled_at)
+        if self.undelivered_from is None:
+            self._recent.extend((end, 1) for end in ends)
+        else:
+            self.wasted_steps += sum(1 for end in ends if end > self.undelivered_from)
         self.last_token = ends[-1]
         observations.observe_all(series.itl, gaps)
 
     def observe_end(self, status: Status, at: float, series: ModelSeries, observations: Observations) -> None:
-        """The request ended at ``at`` with ``status``: its outcome is counted, a served one has its
-        end-to-end latency, and one that did not end served has its finish reason (a served one's, stop
-        or length, is known once its tokens are: :meth:`observe_finish_reason`)."""
+        """The request ended at ``at`` with ``status``: its outcome is counted, a served or cancelled one
+        has its end-to-end latency (by outcome), and one that did not end served has its finish reason (a
+        served one's, stop or length, is known once its tokens are: :meth:`observe_finish_reason`)."""
         observations.count(series.requests[status], 1)
-        if status == "ok":
-            observations.observe(series.e2e, at - self.ttft_start)
-        elif status in series.finished:
+        e2e = series.e2e_for(status)
+        if e2e is not None:
+            observations.observe(e2e, at - self.ttft_start)
+        if status != "ok" and status in series.finished:
             observations.count(series.finished[status], 1)
 
     def observe_finish_reason(

@@ -218,8 +218,10 @@ def metrics_after(server: Server, before: str, name: str, increase: float, timeo
         raise AssertionError(f"{exc}; now {value(server.metrics(), name)}\n{server.logs()}") from None
 
 
-def assert_close(what: str, server_mean: float, client_mean: float) -> None:
-    tolerance = max(RELATIVE_TOLERANCE * client_mean, ABSOLUTE_TOLERANCE)
+def assert_close(
+    what: str, server_mean: float, client_mean: float, absolute: float = ABSOLUTE_TOLERANCE
+) -> None:
+    tolerance = max(RELATIVE_TOLERANCE * client_mean, absolute)
     assert abs(server_mean - client_mean) <= tolerance, (
         f"{what}: server mean {server_mean * 1000:.1f} ms, clients' mean {client_mean * 1000:.1f} ms "
         f"(tolerance {tolerance * 1000:.1f} ms)"

@@ -24,6 +24,7 @@ temporary file, removed at exit (not when the process is killed). This module do
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import struct
@@ -44,7 +45,9 @@ _IDS_PER_SERVER = 1 << 40
 # take consecutive slots from its own start, and requests of servers that go at similar rates never
 # meet while they are in flight.
 _SERVER_STRIDE = 40503
-_SLOT = struct.Struct("<qd")  # the request's id, its arrival time
+_SLOT = struct.Struct("<qdd")  # the request's id, its arrival time, its last delivery (NaN: none yet)
+_DELIVERED = struct.Struct("<d")
+_DELIVERED_OFFSET = struct.calcsize("<qd")
 _EMPTY = -1
 
 logger = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ class TableFile:
 def create_table_file() -> TableFile:
     """A new, empty table's file: anonymous where the system allows (nothing to remove, nothing left
     behind), else a temporary file."""
-    empty = _SLOT.pack(_EMPTY, 0.0) * SLOTS
+    empty = _SLOT.pack(_EMPTY, 0.0, math.nan) * SLOTS
     try:
         fd = os.memfd_create("inferwatch-arrivals")  # close-on-exec: children open the path instead
     except (AttributeError, OSError):  # not Linux, or a kernel or sandbox without it
@@ -105,12 +108,25 @@ class ArrivalTable:
 
     def put(self, request_id: int, arrived: float) -> None:
         """Record that request ``request_id`` arrived at ``arrived`` (``time.perf_counter()``)."""
-        _SLOT.pack_into(self._map, self._offset(request_id), request_id, arrived)
+        _SLOT.pack_into(self._map, self._offset(request_id), request_id, arrived, math.nan)
 
     def get(self, request_id: int) -> float | None:
         """When request ``request_id`` arrived, if the table has it."""
-        held, arrived = _SLOT.unpack_from(self._map, self._offset(request_id))
+        held, arrived, _ = _SLOT.unpack_from(self._map, self._offset(request_id))
         return arrived if held == request_id else None
+
+    def put_delivery(self, request_id: int, at: float) -> None:
+        """The API process handed a chunk of request ``request_id``'s response to its server at ``at``
+        (a write into its own slot only, while the slot is still the request's)."""
+        offset = self._offset(request_id)
+        if _SLOT.unpack_from(self._map, offset)[0] == request_id:
+            _DELIVERED.pack_into(self._map, offset + _DELIVERED_OFFSET, at)
+
+    def delivered(self, request_id: int) -> float | None:
+        """When the last chunk of request ``request_id``'s response was handed to the server, if the table
+        has it and one was."""
+        held, _, at = _SLOT.unpack_from(self._map, self._offset(request_id))
+        return at if held == request_id and not math.isnan(at) else None
 
 
 _table: ArrivalTable | None = None

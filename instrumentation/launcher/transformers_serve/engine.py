@@ -14,8 +14,8 @@ two by the request's id (docs/serving.md, "transformers serve 5.25: an engine pr
   the model's HTTP-edge series (first content, last byte), so the edge does not count it as refused;
 * in the engine, the runner's ``generate`` finds the arrival time at the id and opens an arrival there:
   the request waits in ``llm_requests_waiting`` until its ``generate`` (or its batch) claims it, and is
-  timed from the arrival (TTFT, E2E, queue time) with the device timing of the engine's own hooks; a
-  cancel ends it as ``cancelled`` at that moment.
+  timed from the arrival (E2E, queue time) with the device timing of the engine's own hooks; its TTFT is
+  the API process's, at the first content sent; a cancel ends it as ``cancelled`` at that moment.
 
 Each process's series reach the one endpoint through :mod:`inferwatch.instrumentation.endpoint.program`.
 """
@@ -87,6 +87,8 @@ def _recording_arrivals(make_request_id: Callable[[int, int], int]) -> Callable[
             arrival, table = ARRIVAL.get(), program_table()
             if arrival is not None and table is not None:
                 table.put(request_id, arrival.time)
+                # The engine counts what its client never got when it is cancelled: from the last delivery.
+                arrival.publish_delivery = functools.partial(table.put_delivery, request_id)
         except Exception:
             request_logger.warning("inferwatch run: a request's arrival was not recorded", exc_info=True)
         return request_id
@@ -161,6 +163,9 @@ def _open_arrival(runner: Any, request_id: int) -> Arrival:
     table = program_table()
     arrived = table.get(request_id) if table is not None else None
     arrival = Arrival(arrived)
+    # Every request comes from an API process whose app has the HTTP edge: its TTFT is observed there, at
+    # the first content sent, whether or not the table had its arrival (else it would be counted twice).
+    arrival.ttft_at_first_content = True
     arrivals = _arrivals(runner)
     arrivals[request_id] = arrival
     while len(arrivals) > _ARRIVALS_KEPT:
@@ -223,6 +228,8 @@ def _cancelling(cancel: Callable[..., Any]) -> Callable[..., Any]:
         try:
             arrival = _arrivals(self).pop(request_id, None)
             if arrival is not None:
+                table = program_table()
+                arrival.delivered_until = table.delivered(request_id) if table is not None else None
                 arrival.disconnect(time.perf_counter())
                 if not arrival.claimed:
                     arrival.close()

@@ -3,8 +3,9 @@
 guidellm (the vLLM project's benchmark client) sends streaming chat completions of synthetic prompts and
 measures each request itself: time to first token, inter-token latency, end-to-end latency, and the
 prompt and output tokens of the server's ``usage`` (:mod:`tests.support.guidellm`). What inferwatch
-exports for the same requests must agree: request and token counts exactly, TTFT and E2E means within
-10 % or 50 ms of guidellm's, the inter-token latency within 10 %; each request has its queue time,
+exports for the same requests must agree: request and token counts exactly, the TTFT mean within 10 % or
+30 ms of guidellm's (behind the HTTP edge it ends at the first content sent, as the client gets it), the
+E2E mean within 10 % or 50 ms, the inter-token latency within 10 %; each request has its queue time,
 its first content and the wait in its socket observed, timed from the kernel's receipt.
 
 Three ways to run the server: sequential (one ``generate`` at a time), ``--continuous-batching``, and
@@ -37,6 +38,13 @@ PROMPT_TOKENS = 32
 MAX_TOKENS = 256
 #: Requests guidellm keeps in flight in its concurrent profile.
 STREAMS = 4
+#: The TTFT mean's bound beside the relative one. The goal is 10 ms (issue 49), which quiet runs meet
+#: (tests/benchmarks/serve_ttft.py: within 2.3 ms at 1, 4 and 8 streams). guidellm timestamps an SSE line
+#: when its own process gets to parse it: on a 2-core machine shared with the server's three processes a
+#: starved client read one run's first content 28 ms late on average while its E2E agreed within 5 ms
+#: (docs/benchmarks.md, "TTFT as the client gets it"). 30 ms keeps that run from failing the suite; the
+#: 50 ms of the other means would hide the 14-25 ms that TTFT used to be short by.
+TTFT_TOLERANCE = 0.030
 
 
 def check_against_guidellm(server: Server, report: GuidellmReport, before: str, after: str) -> None:
@@ -77,7 +85,7 @@ def check_against_guidellm(server: Server, report: GuidellmReport, before: str, 
         f"{histogram_mean(before, after, 'llm_response_time_to_first_content_seconds') * 1000:.1f} ms, "
         f"socket wait {histogram_mean(before, after, 'llm_request_socket_wait_seconds') * 1000:.1f} ms"
     )
-    assert_close("time to first token", server_ttft, report.mean_ttft)
+    assert_close("time to first token", server_ttft, report.mean_ttft, absolute=TTFT_TOLERANCE)
     assert_close("end-to-end latency", server_e2e, report.mean_e2e)
     client_itl = report.mean_itl
     assert abs(server_itl - client_itl) <= RELATIVE_TOLERANCE * client_itl, (
@@ -90,10 +98,19 @@ def check_against_guidellm(server: Server, report: GuidellmReport, before: str, 
     [
         ("server", 1),
         ("server", STREAMS),
+        ("batching_server", 1),
         ("batching_server", STREAMS),
+        ("batching_server", 2 * STREAMS),
         ("api_servers_server", STREAMS),
     ],
-    ids=["sequential-synchronous", "sequential-concurrent", "continuous-batching", "api-server-count-2"],
+    ids=[
+        "sequential-synchronous",
+        "sequential-concurrent",
+        "continuous-batching-1",
+        "continuous-batching-4",
+        "continuous-batching-8",
+        "api-server-count-2",
+    ],
 )
 def test_metrics_match_what_guidellm_measured(
     which: str, streams: int, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

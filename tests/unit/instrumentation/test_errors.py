@@ -45,7 +45,7 @@ def test_model_exception_propagates_unchanged_and_is_counted(llama, registry, in
     assert metric(registry, "llm_requests_total", model="m", status="ok") == 0
     assert metric(registry, "llm_oom_events_total", model="m") == 0
     assert metric(registry, "llm_requests_running", model="m") == 0
-    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m") == 0
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m", outcome="ok") == 0
     assert metric(registry, "llm_instrumentation_errors_total") is None
     # The model works again afterwards and is counted normally.
     generate_greedy(llama, *batch_of("errors", "happen"), new_tokens=4)

@@ -95,7 +95,9 @@ def test_a_cancelled_generate_is_cancelled_not_an_error_and_its_tokens_count(mod
     # Tokens 1..3 were streamed; the 4th was sampled before the streamer refused it.
     assert metric(registry, "llm_generation_tokens_total", model="m") in (3, 4)
     assert metric(registry, "llm_time_to_first_token_seconds_count", model="m") == 1
-    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m") == 0
+    # Its E2E is by outcome: to when its client went away, not among the served requests'.
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m", outcome="ok") == 0
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m", outcome="cancelled") == 1
 
 
 def test_keyboard_interrupt_stays_an_error(model, registry, instrumented) -> None:
@@ -125,7 +127,7 @@ def test_ttft_and_e2e_start_at_the_arrival_and_the_queue_time_is_observed(model,
     assert metric(registry, "llm_request_queue_seconds_count", model="m") == 1
     assert metric(registry, "llm_request_queue_seconds_sum", model="m") >= 0.5
     ttft_sum = metric(registry, "llm_time_to_first_token_seconds_sum", model="m")
-    e2e_sum = metric(registry, "llm_e2e_request_latency_seconds_sum", model="m")
+    e2e_sum = metric(registry, "llm_e2e_request_latency_seconds_sum", model="m", outcome="ok")
     assert 0.5 <= ttft_sum < 1.0 + 5.0  # one request from the arrival, one from its own entry
     assert e2e_sum >= 0.5
 

@@ -55,7 +55,7 @@ class Cancelled:
     def __init__(self) -> None:
         self.at: list[float] = []
 
-    def __call__(self, at: float) -> None:
+    def __call__(self, at: float, undelivered_from: float) -> None:
         self.at.append(at)
 
 

@@ -66,8 +66,8 @@ def test_greedy_batch_counts_tokens_requests_and_histograms(model, registry, ins
     assert metric(registry, "llm_forward_seconds_count", model="m", phase="decode") == 5
     assert metric(registry, "llm_batch_size_count", model="m") == 6
     assert metric(registry, "llm_batch_size_sum", model="m") == 12
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="m", outcome="ok") == 1
     for name in (
-        "llm_e2e_request_latency_seconds",
         "llm_request_prefill_seconds",
         "llm_request_decode_seconds",
         "llm_request_time_per_output_token_seconds",

@@ -95,7 +95,7 @@ def test_assisted_request_is_one_request_with_its_draft_and_accepted_tokens(
     assert metric(registry, "llm_requests_total", model="draft") == 0
     assert metric(registry, "llm_time_to_first_token_seconds_count", model="main") == 1
     assert metric(registry, "llm_time_to_first_token_seconds_count", model="draft") == 0
-    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="draft") == 0
+    assert metric(registry, "llm_e2e_request_latency_seconds_count", model="draft", outcome="ok") == 0
     assert metric(registry, "llm_requests_running", model="main") == 0
     assert metric(registry, "llm_requests_running", model="draft") == 0
     assert metric(registry, "llm_spec_decode_draft_tokens_total", model="main") == sum(rounds.drafted)

@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 
 
 def observed(registry: CollectorRegistry, name: str) -> tuple[float, float]:
-    """(count, sum) of histogram ``name`` of model m."""
-    count = registry.get_sample_value(f"{name}_count", {"model": "m"}) or 0.0
-    total = registry.get_sample_value(f"{name}_sum", {"model": "m"}) or 0.0
+    """(count, sum) of histogram ``name`` of model m (end-to-end latency: of the served requests)."""
+    labels = {"model": "m", "outcome": "ok"} if name == "llm_e2e_request_latency_seconds" else {"model": "m"}
+    count = registry.get_sample_value(f"{name}_count", labels) or 0.0
+    total = registry.get_sample_value(f"{name}_sum", labels) or 0.0
     return count, total
 
 
@@ -85,3 +86,21 @@ def test_a_failed_request_counts_its_outcome_and_no_latency() -> None:
     observations.flush()
     assert registry.get_sample_value("llm_requests_total", {"model": "m", "status": "error"}) == 1
     assert observed(registry, "llm_e2e_request_latency_seconds") == (0, 0)
+
+
+def test_what_was_sampled_after_the_last_delivery_is_wasted_also_when_placed_before_the_cancel() -> None:
+    """The client's leaving is known after some of its tokens were placed (they resolve asynchronously,
+    and the server notices late): those sampled after the last chunk sent count as wasted with the ones
+    placed later, in steps one by one and in a compiled run's steps alike."""
+    series = series_for(metrics_for(CollectorRegistry(), InstrumentConfig()), "m")
+    for place_steps in (False, True):
+        timeline, observations = TokenTimeline(1.0, 1.0), Observations()
+        if place_steps:
+            timeline.place_steps(ENDS[:4], series, observations)
+        else:
+            for end in ENDS[:4]:
+                timeline.place(end, 1, series, observations)
+        timeline.cancel_at(2.2)  # the last chunk was sent at 2.2: the tokens of 2.3 and 2.35 never left
+        assert timeline.wasted_steps == 2
+        timeline.place(ENDS[4], 1, series, observations)
+        assert timeline.wasted_steps == 3

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from inferwatch.instrumentation.timing.arrival import Arrival
 
 from tests.unit.instrumentation.conftest import batch_of, metric
 
@@ -72,5 +73,24 @@ def test_latencies_match_known_forward_durations(slow_request, registry) -> None
     forward_decode = value("llm_forward_seconds_sum", phase="decode")
     assert decode_steps * DECODE_DELAY <= forward_decode <= itl
 
-    e2e = value("llm_e2e_request_latency_seconds_sum")
+    e2e = value("llm_e2e_request_latency_seconds_sum", outcome="ok")
     assert ttft + itl <= e2e <= wall
+
+
+def test_what_a_client_that_left_never_got_starts_at_its_last_delivery() -> None:
+    """Arrival.undelivered_from: behind the HTTP edge, after the last chunk sent (everything when none
+    was); elsewhere (no response watched), after the client left."""
+    watched = Arrival(1.0)
+    watched.ttft_at_first_content = True
+    assert watched.undelivered_from(5.0) == 1.0  # nothing sent: all it sampled is wasted
+    published: list[float] = []
+    watched.publish_delivery = published.append
+    watched.delivered(2.0)
+    watched.delivered(3.0)
+    assert watched.undelivered_from(5.0) == 3.0
+    assert published == [2.0, 3.0]  # to the engine process, where the request runs there
+    assert Arrival(1.0).undelivered_from(5.0) == 5.0
+    ends: list[tuple[float, float]] = []
+    watched.claim(None, lambda at, undelivered_from: ends.append((at, undelivered_from)))
+    watched.disconnect(5.0)
+    assert ends == [(5.0, 3.0)]
