@@ -99,3 +99,25 @@ def test_requests_of_several_api_servers_do_not_share_slots(tmp_path: Path) -> N
         table.put(request_id, float(index))
     found = [table.get(request_id) for request_id in ids]
     assert found == [float(index) for index in range(len(ids))]
+
+
+def test_a_requests_last_delivery_goes_with_its_arrival_and_only_into_its_own_slot() -> None:
+    """The API process writes when it last sent a chunk of a request's response; the engine reads it at
+    the request's cancel. A new request in the slot starts with none, and a late write for the request
+    the slot held before does not reach the new one."""
+    table_file = create_table_file()
+    try:
+        table = ArrivalTable(table_file.path)
+        table.put(7, 1.0)
+        assert table.delivered(7) is None
+        table.put_delivery(7, 2.5)
+        assert (table.get(7), table.delivered(7)) == (1.0, 2.5)
+        table.put(7 + arrivals.SLOTS, 3.0)  # the slot's next request
+        table.put_delivery(7, 4.0)
+        assert table.delivered(7) is None
+        assert table.delivered(7 + arrivals.SLOTS) is None
+    finally:
+        if table_file.fd is not None:
+            os.close(table_file.fd)
+        elif table_file.temporary:
+            os.unlink(table_file.path)
