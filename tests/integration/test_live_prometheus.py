@@ -70,6 +70,8 @@ SPECULATION = "only a model that speculates has draft tokens (test_speculative.p
 ONLY_ELSEWHERE = {
     "llm_kv_cache_blocks": PAGED_CACHE,
     "llm_response_time_to_first_content_seconds_bucket": MIDDLEWARE,
+    "llm_response_time_to_first_content_seconds_sum": MIDDLEWARE,
+    "llm_response_time_to_first_content_seconds_count": MIDDLEWARE,
     "llm_response_time_to_last_byte_seconds_bucket": MIDDLEWARE,
     "llm_spec_decode_draft_tokens_total": SPECULATION,
     "llm_spec_decode_accepted_tokens_total": SPECULATION,
@@ -216,7 +218,7 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
     assert {where for where, _ in excused} == {
         "inferwatch-overview.json: Allocator memory",
         "inferwatch-overview.json: KV-cache blocks used",
-        "inferwatch-overview.json: First token produced vs first content sent",
+        "inferwatch-overview.json: First token sampled vs first content sent",
         "inferwatch-overview.json: Speculative decoding acceptance",
         "inferwatch-diagnosis.json: Allocator memory",
         "inferwatch-diagnosis.json: Allocator retries and OOMs",
