@@ -38,9 +38,11 @@ QUANTILE_HISTOGRAMS = (
     names.LLM_E2E_REQUEST_LATENCY_SECONDS,
 )
 
-# The series of a histogram that its recorded quantiles read: end-to-end latency of served requests only
-# (a cancelled request's ends when its client left, not when it was answered).
-HISTOGRAM_MATCHERS = {names.LLM_E2E_REQUEST_LATENCY_SECONDS: (eq(names.OUTCOME, names.OUTCOME_SERVED),)}
+# End-to-end latency as dashboards and rules read it: of served requests only (a cancelled request's ends
+# when its client left, not when it was answered).
+SERVED = eq("outcome", "ok")
+# The series of a histogram that its recorded quantiles read.
+HISTOGRAM_MATCHERS = {names.LLM_E2E_REQUEST_LATENCY_SECONDS: (SERVED,)}
 
 # The SLO alerts and the histogram each one reads.
 SLO_HISTOGRAMS = {

@@ -4,9 +4,9 @@ watches."""
 
 from __future__ import annotations
 
-from inferwatch.alerts.rules.recording import mean_record
+from inferwatch.alerts.rules.recording import SERVED, mean_record
 from inferwatch.common import names, promql
-from inferwatch.common.promql import Matcher, eq
+from inferwatch.common.promql import Matcher
 
 from ..grafana import RATE, PanelSpec, Query, above, normal
 from .queries import (
@@ -104,7 +104,7 @@ def end_to_end_latency() -> PanelSpec:
         "number of generated tokens; compare it with the per-token panels before calling it slow.",
         normal(),
         False,
-        eq(names.OUTCOME, names.OUTCOME_SERVED),
+        SERVED,
     )
 
 
