@@ -49,7 +49,8 @@ class _Tracked:
         """The server's arrival of the request, earlier than the scheduler's; ``ttft_at_edge``: the HTTP
         edge observes its TTFT (Arrival.ttft_at_first_content)."""
         self.timeline.ttft_start = self.timeline.arrival = arrival
-        self.timeline.ttft_at_edge = ttft_at_edge
+        if ttft_at_edge:
+            self.timeline.watched_by_edge()
 
 
 class _Step:

@@ -93,14 +93,14 @@ class ResponseWatch:
 
     def sent(self, body: bytes, more: bool, at: float) -> None:
         """The server took ``body`` at ``at``; ``more``: further chunks follow."""
+        arrival = self.arrival
         if body:
-            self.arrival.delivered(at)
-        if body and self.first_content is None and self._carries_content(body):
-            self.first_content = at
-            arrival = self.arrival
-            series = arrival.series
-            if series is not None:  # observed now, while the rest streams
-                series.observe_response(at - arrival.time, None, arrival.ttft_at_first_content)
+            arrival.delivered(at)
+            if self.first_content is None and self._carries_content(body):
+                self.first_content = at
+                series = arrival.series
+                if series is not None:  # observed now, while the rest streams
+                    series.observe_response(at - arrival.time, None, arrival.ttft_at_first_content)
         if not more:
             self.completed = True
             self.last_byte = at

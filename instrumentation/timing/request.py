@@ -275,7 +275,8 @@ class Request:
         observes its TTFT (Arrival.ttft_at_first_content)."""
         if arrival is not None:
             self.timeline.ttft_start = self.timeline.arrival = arrival
-            self.timeline.ttft_at_edge = ttft_at_edge
+            if ttft_at_edge:
+                self.timeline.watched_by_edge()
             self.series.running_since(id(self), arrival)
 
     def mark_tokens_at_sampling(self) -> None:

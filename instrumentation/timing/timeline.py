@@ -105,17 +105,26 @@ class TokenTimeline:
         #: Once its client went away: from when on its tokens never reached it (see :meth:`cancel_at`).
         self.undelivered_from: float | None = None
         self.wasted_steps = 0  # token steps placed after ``undelivered_from``: generated for nobody
-        #: The ends of the last token steps placed, with their tokens: those already placed when the
-        #: client's leaving is known can still have been sampled after its last delivery.
-        self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=RECENT_STEPS)
+        #: Behind the HTTP edge (:meth:`watched_by_edge`), the ends of the last token steps placed, with
+        #: their tokens: those already placed when the client's leaving is known can have been sampled after
+        #: its last delivery. Elsewhere the boundary is when its leaving was noticed, after every step
+        #: placed by then, and nothing is kept.
+        self._recent: collections.deque[tuple[float, int]] | None = None
+
+    def watched_by_edge(self) -> None:
+        """The HTTP edge watches the request's response: it observes the TTFT (at the first content
+        sent), and a cancel's boundary is the last delivery, which can precede steps already placed."""
+        self.ttft_at_edge = True
+        self._recent = collections.deque(maxlen=RECENT_STEPS)
 
     def cancel_at(self, undelivered_from: float) -> None:
         """The client went away; the token steps that end after ``undelivered_from`` (its last delivery,
         Arrival.undelivered_from) never reached it and are wasted, those already placed included."""
         self.undelivered_from = undelivered_from
-        recent = tuple(self._recent)  # one C-level copy: the resolving thread may be placing steps
-        self.wasted_steps += sum(tokens for end, tokens in recent if end > undelivered_from)
-        self._recent.clear()
+        if self._recent is not None:
+            recent = tuple(self._recent)  # one C-level copy: the resolving thread may be placing steps
+            self.wasted_steps += sum(tokens for end, tokens in recent if end > undelivered_from)
+            self._recent = None
 
     def start_prefill(self, at: float, series: ModelSeries, observations: Observations) -> None:
         """The request's first forward began at ``at``: its queue time ends there."""
@@ -129,10 +138,11 @@ class TokenTimeline:
         its gap each."""
         previous, self.last_token = self.last_token, end
         self.token_steps += tokens
-        if self.undelivered_from is None:
+        if self.undelivered_from is not None:
+            if end > self.undelivered_from:
+                self.wasted_steps += tokens
+        elif self._recent is not None:
             self._recent.append((end, tokens))
-        elif end > self.undelivered_from:
-            self.wasted_steps += tokens
         if previous is None:
             self.first_token = end
             if not self.ttft_at_edge:
@@ -161,10 +171,10 @@ class TokenTimeline:
         gaps = [later - before for before, later in zip(earlier, ends, strict=True)]
         self.max_gap = max(self.max_gap, *gaps)
         self.token_steps += len(ends)
-        if self.undelivered_from is None:
-            self._recent.extend((end, 1) for end in ends)
-        else:
+        if self.undelivered_from is not None:
             self.wasted_steps += sum(1 for end in ends if end > self.undelivered_from)
+        elif self._recent is not None:
+            self._recent.extend((end, 1) for end in ends)
         self.last_token = ends[-1]
         observations.observe_all(series.itl, gaps)
 

@@ -89,12 +89,13 @@ def test_a_failed_request_counts_its_outcome_and_no_latency() -> None:
 
 
 def test_what_was_sampled_after_the_last_delivery_is_wasted_also_when_placed_before_the_cancel() -> None:
-    """The client's leaving is known after some of its tokens were placed (they resolve asynchronously,
-    and the server notices late): those sampled after the last chunk sent count as wasted with the ones
-    placed later, in steps one by one and in a compiled run's steps alike."""
+    """Behind the HTTP edge the client's leaving is known after some of its tokens were placed (they
+    resolve asynchronously, and the server notices late): those sampled after the last chunk sent count as
+    wasted with the ones placed later, in steps one by one and in a compiled run's steps alike."""
     series = series_for(metrics_for(CollectorRegistry(), InstrumentConfig()), "m")
     for place_steps in (False, True):
         timeline, observations = TokenTimeline(1.0, 1.0), Observations()
+        timeline.watched_by_edge()
         if place_steps:
             timeline.place_steps(ENDS[:4], series, observations)
         else:
