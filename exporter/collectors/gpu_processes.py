@@ -5,8 +5,10 @@ jobs cannot explode the label set; ``gpu_processes`` still counts them all. The 
 the serving-process collector (``--processes.gpu``).
 
 Utilization comes from NVML's per-process samples (``nvmlDeviceGetProcessUtilization``): the mean of
-those newer than the previous poll's. NVML keeps samples only of processes that were busy, so a tracked
-process without one was idle (0); when the call fails, the utilization series are left out instead.
+those newer than the previous reading's. The call costs milliseconds under load (a firmware round trip),
+so it is a firmware reading (``firmware.py``), made every fourth poll and its means served in between.
+NVML keeps samples only of processes that were busy, so a tracked process without one was idle (0); when
+the call fails, the utilization series are left out instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from ..firmware import firmware_reading
 from ..nvml import GpuContext
 from ..proc import process_name
 from ..samples import gpu_gauge
@@ -27,13 +30,13 @@ PROCESS_MEMORY = gpu_gauge(
 )
 PROCESS_SM_UTILIZATION = gpu_gauge(
     "gpu_process_sm_utilization_ratio",
-    "Fraction of time a kernel of the process ran on the SMs (NVML's process samples since the last poll).",
+    "Fraction of time a kernel of the process ran on the SMs (NVML's process samples, every 4th poll).",
     "pid",
     "comm",
 )
 PROCESS_MEMORY_UTILIZATION = gpu_gauge(
     "gpu_process_memory_bandwidth_utilization_ratio",
-    "Fraction of time the process read or wrote device memory (its samples since the last poll).",
+    "Fraction of time the process read or wrote device memory (its samples, every 4th poll).",
     "pid",
     "comm",
 )
@@ -65,7 +68,11 @@ class GpuProcessesCollector:
         shown = [(p, str(p.pid), process_name(p.pid)) for p in measured[: self._max]]
         for p, pid, comm in shown:
             gpu.emit(PROCESS_MEMORY, p.usedGpuMemory, pid, comm)
-        utilization = _utilization_since_last_poll(gpu) if shown else None
+        utilization = (
+            firmware_reading(gpu, "process_utilization_samples", lambda: _utilization_since_last_reading(gpu))
+            if shown
+            else None
+        )
         if utilization is None:
             return
         for p, pid, comm in shown:
@@ -74,9 +81,9 @@ class GpuProcessesCollector:
             gpu.emit(PROCESS_MEMORY_UTILIZATION, memory / 100, pid, comm)
 
 
-def _utilization_since_last_poll(gpu: GpuContext) -> dict[int, tuple[float, float]] | None:
-    """pid -> mean (SM, memory) utilization in percent of its samples since the last poll; None when the
-    samples could not be read."""
+def _utilization_since_last_reading(gpu: GpuContext) -> dict[int, tuple[float, float]] | None:
+    """pid -> mean (SM, memory) utilization in percent of its samples since the last reading; None when
+    the samples could not be read."""
     state = gpu.device.state(LastProcessSample)
     last_seen = state.seen_us
     samples = gpu.read_process_utilization(last_seen)

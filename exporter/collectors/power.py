@@ -2,7 +2,7 @@
 
 Power and the limit are read every poll (microseconds each). The energy counter costs milliseconds to read
 and changes only every ~100 ms (tests/benchmarks/nvml_call_cost.py), so it is a firmware reading, read
-every third poll: ``rate()`` over it loses nothing but freshness of a few seconds.
+every fourth poll: ``rate()`` over it loses nothing but freshness of a few seconds.
 """
 
 from __future__ import annotations

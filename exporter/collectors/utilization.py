@@ -4,8 +4,8 @@ NVML keeps a ring buffer of utilization samples (one every ~1/6 s on recent GPUs
 single ``nvmlDeviceGetUtilizationRates`` reading, what nvidia-smi and most exporters report, covers only
 the driver's last sample period, so a 1 s poll of a bursty decode loop sees a random phase of it.
 Averaging every sample newer than the last one seen gives the true mean since the previous reading. Each
-buffer costs milliseconds to read, so each is read on its own poll turn, every third poll (see
-``firmware.py``): the mean then covers three poll intervals, none of them missed.
+buffer costs milliseconds to read, so each is read on its own poll turn, every fourth poll (see
+``firmware.py``): the mean then covers four poll intervals, none of them missed.
 When a GPU keeps no samples (or none arrived since the last reading) the point reading is used instead.
 """
 
@@ -21,7 +21,7 @@ from .registry import Registration, register
 
 GPU_UTILIZATION = gpu_gauge(
     "gpu_utilization_ratio",
-    "Fraction of time a kernel was running: mean of NVML's samples since the last reading (every 3rd poll).",
+    "Fraction of time a kernel was running: mean of NVML's samples since the last reading (every 4th poll).",
 )
 MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge(
     "gpu_memory_bandwidth_utilization_ratio",

@@ -272,13 +272,17 @@ def test_calls_older_drivers_lack_fall_back_to_their_predecessors(
 def test_firmware_readings_take_turns_and_their_last_values_are_served_between(
     make_poller: MakePoller, fake: Any
 ) -> None:
-    fake.reset(gpus=1)
+    fake.reset(gpus=1, processes={0: own_process()})
     poller = make_poller()
+    pid = str(os.getpid())
     poller.collect()  # the first poll reads everything: every series is there from the start
-    assert fake.calls[(0, "nvmlDeviceGetSamples")] == 2
-    assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1
-    firmware = ("nvmlDeviceGetSamples", "nvmlDeviceGetTotalEnergyConsumption")
-    for _ in range(6):
+    firmware = (
+        "nvmlDeviceGetSamples",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetProcessUtilization",
+    )
+    assert [fake.calls[(0, call)] for call in firmware] == [2, 1, 1]
+    for _ in range(8):
         before = {call: fake.calls[(0, call)] for call in firmware}
         poller.collect()
         made = sum(fake.calls[(0, call)] - before[call] for call in firmware)
@@ -287,9 +291,9 @@ def test_firmware_readings_take_turns_and_their_last_values_are_served_between(
         assert gpu_value(text, "gpu_utilization_ratio", 0) is not None
         assert gpu_value(text, "gpu_memory_bandwidth_utilization_ratio", 0) is not None
         assert gpu_value(text, "gpu_energy_joules_total", 0) is not None
+        assert [s for s in parse_samples(text) if s.name == "gpu_process_sm_utilization_ratio"], pid
         assert gpu_value(text, "gpu_power_watts", 0) == 350  # cheap: read every poll
-    assert fake.calls[(0, "nvmlDeviceGetSamples")] == 2 + 4
-    assert fake.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 1 + 2
+    assert [fake.calls[(0, call)] for call in firmware] == [2 + 4, 1 + 2, 1 + 2]
 
 
 def test_a_collection_that_fails_as_a_whole_is_counted_and_the_next_one_runs(
