@@ -11,6 +11,10 @@ One run measures, on the machine it runs on:
   scrape: the run time of that command at 10/s is both its poll and its scrape latency, its CPU that of
   the nvidia-smi processes (``wait4``), its memory the largest peak RSS of one of them (from /proc).
 
+``--load matmul`` runs a bf16 8192x8192 matmul loop on GPU 0 in a process of its own for the whole
+measurement (torch needed): polls of a GPU with a compute process on it read its per-process utilization
+and its GPM counters move, the state a serving GPU is in.
+
 ``--soak`` instead scrapes at 10/s for 10 minutes and samples the exporter's RSS every 10 s, to show that
 it stays flat after the first minute. The figures print as a table; ``--json PATH`` also writes them.
 Usage, from the repository root on the GPU machine::
@@ -167,8 +171,34 @@ def exporter(interval: str, nvml_module: str | None, extra: list[str]) -> Iterat
                 popen.kill()
 
 
+#: The GPU load of ``--load matmul``: one process keeping the GPU's tensor cores busy until killed.
+MATMUL_LOAD = """
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("ready", flush=True)
+while True:
+    a @ a
+    torch.cuda.synchronize()
+"""
+
+
+@contextmanager
+def gpu_load(kind: str | None) -> Iterator[None]:
+    if kind is None:
+        yield
+        return
+    load = subprocess.Popen([sys.executable, "-c", MATMUL_LOAD], stdout=subprocess.PIPE, text=True)
+    try:
+        if load.stdout is None or load.stdout.readline().strip() != "ready":
+            raise SystemExit("the matmul load did not start")
+        yield
+    finally:
+        load.kill()
+        load.wait()
+
+
 def measure_exporter(args: argparse.Namespace) -> dict[str, Any]:
-    with exporter(args.interval, args.nvml_module, args.exporter_arg) as running:
+    with gpu_load(args.load), exporter(args.interval, args.nvml_module, args.exporter_arg) as running:
         time.sleep(args.warmup)
         text = get(running.url + "/metrics")
         info = [labels for name, labels, _ in samples(text) if name == "gpu_info"]
@@ -210,7 +240,7 @@ def measure_exporter(args: argparse.Namespace) -> dict[str, Any]:
             {k: v for k, v in labels.items() if k in ("gpu", "name", "driver_version")} for labels in info
         ],
         "poll_per_gpu_ms": {
-            gpu: {"p50": percentile(v, 50), "p99": percentile(v, 99), "max": max(v)}
+            gpu: {"p50": percentile(v, 50), "p90": percentile(v, 90), "p99": percentile(v, 99), "max": max(v)}
             for gpu, v in poll_ms.items()
         },
         "collector_ms_per_gpu": {name: statistics.mean(v) / gpus for name, v in sorted(collector_ms.items())},
@@ -409,13 +439,19 @@ def main() -> int:
     parser.add_argument("--soak", action="store_true", help="run the RSS soak instead")
     parser.add_argument("--soak-seconds", type=float, default=600.0, help="length of the soak (default 600)")
     parser.add_argument("--nvml-module", help="NVML binding for the exporter (default: pynvml)")
+    parser.add_argument("--load", choices=["matmul"], help="a GPU load while measuring (default: none)")
     parser.add_argument(
         "--exporter-arg", action="append", default=[], help="extra exporter flag (repeatable)"
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
-    result: dict[str, Any] = {**environment(), "rate": args.rate, "interval": args.interval}
+    result: dict[str, Any] = {
+        **environment(),
+        "rate": args.rate,
+        "interval": args.interval,
+        "load": args.load,
+    }
     if args.soak:
         result["soak"] = soak(args)
         rss = result["soak"]["rss_mb"]

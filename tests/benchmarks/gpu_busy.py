@@ -76,16 +76,18 @@ def build(config: Any) -> torch.nn.Module:
 
 
 class Loop:
-    """Calls ``step`` back to back in a thread until stopped."""
+    """Calls ``step`` back to back in a thread until stopped, counting the calls."""
 
     def __init__(self, step: Callable[[], None]) -> None:
         self._step = step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self.steps = 0
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._step()
+            self.steps += 1
 
     def __enter__(self) -> Loop:
         self._thread.start()
@@ -97,11 +99,22 @@ class Loop:
         torch.cuda.synchronize()
 
 
-def kernel_busy_share(trace_path: str, wall_seconds: float) -> tuple[float, int]:
-    """Union of the CUDA kernel intervals of a Chrome trace over ``wall_seconds``; and the kernel count."""
+#: The trace's categories of work on the GPU: kernels, and the copies and fills the driver also runs.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def kernel_busy_share(
+    trace_path: str, wall_seconds: float, categories: tuple[str, ...] = ("kernel",)
+) -> tuple[float, int]:
+    """Union of the intervals of ``categories`` (CUDA kernels) in a Chrome trace over ``wall_seconds``;
+    and how many there were."""
     with open(trace_path, encoding="utf-8") as fh:
         events = json.load(fh)["traceEvents"]
-    intervals = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
+    intervals = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in categories)
+    return _union_seconds(intervals) / wall_seconds, len(intervals)
+
+
+def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     busy_us, current = 0.0, None
     for start, end in intervals:
         if current is None or start > current[1]:
@@ -112,7 +125,7 @@ def kernel_busy_share(trace_path: str, wall_seconds: float) -> tuple[float, int]
             current[1] = max(current[1], end)
     if current is not None:
         busy_us += current[1] - current[0]
-    return busy_us / 1e6 / wall_seconds, len(intervals)
+    return busy_us / 1e6
 
 
 def gauge(registry: CollectorRegistry, name: str, model: str) -> tuple[float | None, str | None]:
@@ -190,16 +203,27 @@ def _gpm_sm_active(sources: Sources, first: Any) -> float | None:
     return request.metrics[0].value / 100
 
 
-def window(registry: CollectorRegistry, model: str, sources: Sources) -> dict[str, Any]:
+def unprofiled(loop: Loop, sources: Sources) -> dict[str, Any]:
+    """Each source over WINDOW_SECONDS without the profiler, and the loop's steps per second: the profiler's
+    own work slows the loop, and with it what the driver reads."""
+    steps, started = loop.steps, time.perf_counter()
+    sources.open()
+    time.sleep(WINDOW_SECONDS)
+    read = sources.close()
+    return {"each_source": read, "steps_per_second": (loop.steps - steps) / (time.perf_counter() - started)}
+
+
+def window(registry: CollectorRegistry, model: str, sources: Sources, loop: Loop) -> dict[str, Any]:
     """The profiler's kernel-busy share over WINDOW_SECONDS, each source over the same seconds, and the
-    busy readings published meanwhile."""
+    busy readings published meanwhile; the same sources without the profiler before it."""
+    without = unprofiled(loop, sources)
     readings: list[tuple[float, float, str | None]] = []
     forward_time: list[float] = []
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with tempfile.TemporaryDirectory() as tmp:
         with torch.profiler.profile(activities=activities) as profile:
             sources.open()
-            started = time.perf_counter()
+            steps, started = loop.steps, time.perf_counter()
             while (now := time.perf_counter()) - started < WINDOW_SECONDS:
                 busy, source = gauge(registry, "llm_gpu_busy_ratio", model)
                 spans, _ = gauge(registry, "llm_forward_time_ratio", model)
@@ -210,14 +234,19 @@ def window(registry: CollectorRegistry, model: str, sources: Sources) -> dict[st
                 time.sleep(0.25)
             wall = time.perf_counter() - started
             read = sources.close()
+            steps = loop.steps - steps
         trace = str(Path(tmp) / "trace.json")
         profile.export_chrome_trace(trace)
         truth, kernels = kernel_busy_share(trace, wall)
+        device_work, _ = kernel_busy_share(trace, wall, DEVICE_WORK)
     values = [value for _, value, _ in readings]
     return {
         "kernel_busy_share": truth,
         "kernels": kernels,
         "kernels_per_second": kernels / wall,
+        "device_work_share": device_work,
+        "steps_per_second": steps / wall,
+        "unprofiled": without,
         "busy_median": statistics.median(values) if values else None,
         "busy_min": min(values, default=None),
         "busy_max": max(values, default=None),
@@ -302,17 +331,17 @@ def main() -> int:
         return step
 
     with exporter("1s", None, []) as gpm_on:
-        with Loop(decode()):
+        with Loop(decode()) as loop:
             time.sleep(SETTLE_SECONDS)
-            results["eager"] = window(registry, "llama-1b", sources)
+            results["eager"] = window(registry, "llama-1b", sources, loop)
             results["eager_diagnose"] = diagnose(endpoint, gpm_on.url)
         results["reading_cost"] = reading_cost()
         compiled = decode(cache_implementation="static")
         for _ in range(3):  # compile the step and record its CUDA graphs outside the window
             compiled()
-        with Loop(compiled):
+        with Loop(compiled) as loop:
             time.sleep(SETTLE_SECONDS)
-            results["compiled"] = window(registry, "llama-1b", sources)
+            results["compiled"] = window(registry, "llama-1b", sources, loop)
 
         large = build(transformers_config(LLAMA_8B))
         instrument(large, model_name="llama-8b", registry=registry, config=config)
@@ -322,9 +351,9 @@ def main() -> int:
         def prefill() -> None:
             large.generate(long_ids, attention_mask=long_mask, max_new_tokens=1, do_sample=False)
 
-        with Loop(prefill):
+        with Loop(prefill) as loop:
             time.sleep(SETTLE_SECONDS)
-            results["prefill"] = window(registry, "llama-8b", sources)
+            results["prefill"] = window(registry, "llama-8b", sources, loop)
             results["prefill_diagnose"] = diagnose(endpoint, gpm_on.url)
         results["exporter_gpm_sample"] = [
             line
@@ -337,25 +366,29 @@ def main() -> int:
     results["checks"] = checks
     write_json(args.json, results)
     print(
-        "| workload | kernels/s | kernel-busy (profiler) | llm_gpu_busy_ratio median [min, max] (source) "
-        "| graphics | device | process | SM active |"
+        "| workload | kernels/s | kernel-busy (profiler) | kernels, copies, fills | llm_gpu_busy_ratio "
+        "median [min, max] (source) | graphics | device | process | SM active | steps/s "
+        "| without the profiler: graphics, device, steps/s |"
     )
     for name in WORKLOADS:
         r = results[name]
-        each = r["each_source"]
-        cells = " | ".join(
-            "-" if each[k] is None else f"{each[k]:.3f}"
-            for k in ("graphics", "device", "process", "sm_active")
-        )
+        cells = _cells(r["each_source"], ("graphics", "device", "process", "sm_active"))
+        plain = r["unprofiled"]
         print(
-            f"| {name} | {r['kernels_per_second']:.0f} | {r['kernel_busy_share']:.3f} | {r['busy_median']} "
-            f"[{r['busy_min']}, {r['busy_max']}] ({', '.join(r['sources'])}) | {cells} |"
+            f"| {name} | {r['kernels_per_second']:.0f} | {r['kernel_busy_share']:.3f} "
+            f"| {r['device_work_share']:.3f} | {r['busy_median']} [{r['busy_min']}, {r['busy_max']}] "
+            f"({', '.join(r['sources'])}) | {cells} | {r['steps_per_second']:.2f} "
+            f"| {_cells(plain['each_source'], ('graphics', 'device'))} | {plain['steps_per_second']:.2f} |"
         )
     for name in ("eager", "prefill"):
         print(f"diagnose {name}: {results[f'{name}_diagnose']}")
     print("reading cost:", results["reading_cost"])
     print("checks:", checks)
     return 0 if all(checks.values()) else 1
+
+
+def _cells(each: dict[str, float | None], keys: tuple[str, ...]) -> str:
+    return " | ".join("-" if each[k] is None else f"{each[k]:.3f}" for k in keys)
 
 
 def transformers_config(fields: dict[str, Any]) -> Any:
