@@ -20,7 +20,7 @@ from typing import Any
 # The order collectors run in (and so the order of families in a scrape), kept as it was.
 # isort: off
 from . import identity, utilization, memory, power, thermal, clocks, clocks_events, pcie, ecc  # noqa: F401
-from . import nvlink, mig, host, gpm, processes, pcie_throughput, kubernetes, xid  # noqa: F401
+from . import nvlink, mig, host, gpm, processes, pcie_throughput, kubernetes, xid_events  # noqa: F401
 
 # isort: on
 from .base import Configuration, GpuCollector, HostCollector, HostContext

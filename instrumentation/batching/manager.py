@@ -40,8 +40,8 @@ import time
 import weakref
 from typing import Any
 
+from inferwatch.instrumentation.batching.batch_timeline import BatchTimeline
 from inferwatch.instrumentation.batching.paged import PagedCacheView
-from inferwatch.instrumentation.batching.timeline import BatchTimeline
 from inferwatch.instrumentation.metrics.containment import ErrorReporter
 from inferwatch.instrumentation.model.context import ModelContext
 from inferwatch.instrumentation.model.wrapping import wrap_method

@@ -1,7 +1,7 @@
 """The arithmetic of one request's timeline, the same for every way a request is served.
 
 ``generate`` (its eager steps and its compiled decode runs), continuous batching and ``track_request`` each
-resolve their own marks (:mod:`.request`, :mod:`inferwatch.instrumentation.batching.timeline`); what the
+resolve their own marks (:mod:`.request`, :mod:`inferwatch.instrumentation.batching.batch_timeline`); what the
 resolved times *mean* is decided here, once: where TTFT starts and ends, when the prefill began and how long
 the request queued, where each token lands and the gaps between tokens, and what a finished request observes.
 A device mark becomes a host time through an :class:`AnchorMapping`, whose anchor's lag is bounded the one way

@@ -35,7 +35,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import static_cache, timed_generate
 from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.batching import timeline as batch_timeline
+from inferwatch.instrumentation.batching import batch_timeline
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.model import criteria
 from inferwatch.instrumentation.model.compiled import CompiledPath

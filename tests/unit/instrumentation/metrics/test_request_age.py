@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from inferwatch.instrumentation import instrument, track_request
-from inferwatch.instrumentation.batching.timeline import BatchTimeline
+from inferwatch.instrumentation.batching.batch_timeline import BatchTimeline
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.demo.models import build_model, encode_text
 from inferwatch.instrumentation.metrics import catalogue as cat
