@@ -103,13 +103,16 @@ class Loop:
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def kernel_busy_share(
-    trace_path: str, wall_seconds: float, categories: tuple[str, ...] = ("kernel",)
-) -> tuple[float, int]:
-    """Union of the intervals of ``categories`` (CUDA kernels) in a Chrome trace over ``wall_seconds``;
-    and how many there were."""
+def trace_events(trace_path: str) -> list[dict[str, Any]]:
     with open(trace_path, encoding="utf-8") as fh:
-        events = json.load(fh)["traceEvents"]
+        return json.load(fh)["traceEvents"]
+
+
+def kernel_busy_share(
+    events: list[dict[str, Any]], wall_seconds: float, categories: tuple[str, ...] = ("kernel",)
+) -> tuple[float, int]:
+    """Union of the intervals of ``categories`` (CUDA kernels) of a Chrome trace's events over
+    ``wall_seconds``; and how many there were."""
     intervals = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in categories)
     return _union_seconds(intervals) / wall_seconds, len(intervals)
 
@@ -237,8 +240,9 @@ def window(registry: CollectorRegistry, model: str, sources: Sources, loop: Loop
             steps = loop.steps - steps
         trace = str(Path(tmp) / "trace.json")
         profile.export_chrome_trace(trace)
-        truth, kernels = kernel_busy_share(trace, wall)
-        device_work, _ = kernel_busy_share(trace, wall, DEVICE_WORK)
+        events = trace_events(trace)
+        truth, kernels = kernel_busy_share(events, wall)
+        device_work, _ = kernel_busy_share(events, wall, DEVICE_WORK)
     values = [value for _, value, _ in readings]
     return {
         "kernel_busy_share": truth,
