@@ -107,19 +107,14 @@ compat: $(GUIDELLM_VENV)/.stamp
 		print("transformers", transformers.__version__, "torch", torch.__version__)')"
 	$(COMPAT_VENV)/bin/python -m pytest -ra -m "$(MATRIX_MARK)" $(PYTEST_ARGS)
 
-# The messages of the kubelet's PodResources API (exporter/kubernetes/podresources.proto) as Python,
-# generated once and committed, like kubernetes-mixin's generated files: run this after changing the
-# .proto. protoc runs in a tree where the file sits at its import path, inferwatch/exporter/kubernetes/,
-# so that the descriptor's file name cannot clash with another api.proto in the process. No gRPC stubs
-# are generated: the exporter calls the one method itself and decodes the answer (podresources.py says
-# why), so the generated code needs only protobuf, not a grpcio as new as grpcio-tools.
-PROTO_TREE := build/protoc
+# The messages of the kubelet's PodResources API (src/inferwatch/exporter/kubernetes/podresources.proto) as
+# Python, generated once and committed, like kubernetes-mixin's generated files: run this after changing the
+# .proto. Under src/ the file sits at its import path, inferwatch/exporter/kubernetes/, so the descriptor's
+# file name cannot clash with another api.proto in the process. No gRPC stubs are generated: the exporter
+# calls the one method itself and decodes the answer (podresources.py says why), so the generated code needs
+# only protobuf, not a grpcio as new as grpcio-tools.
 podresources: $(VENV)/.stamp-dev
-	rm -rf $(PROTO_TREE) && mkdir -p $(PROTO_TREE)/inferwatch
-	ln -s ../../../exporter $(PROTO_TREE)/inferwatch/exporter
-	$(PY) -m grpc_tools.protoc -I$(PROTO_TREE) --python_out=$(PROTO_TREE) \
-		$(PROTO_TREE)/inferwatch/exporter/kubernetes/podresources.proto
-	rm -rf $(PROTO_TREE)
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src src/inferwatch/exporter/kubernetes/podresources.proto
 
 clean:
 	rm -rf $(VENV) $(MATRIX_DIR) $(COMPAT_VENV) $(GUIDELLM_VENV) .pytest_cache .ruff_cache

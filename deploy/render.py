@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ALERTS_DIR = REPO_ROOT / "alerts"
-DASHBOARDS_DIR = REPO_ROOT / "dashboards"
+PACKAGE_ROOT = REPO_ROOT / "src" / "inferwatch"
+ALERTS_DIR = PACKAGE_ROOT / "alerts"
+DASHBOARDS_DIR = PACKAGE_ROOT / "dashboards"
 KUBERNETES_BASE = REPO_ROOT / "deploy" / "kubernetes" / "base"
 PROMETHEUS_RULES_FILE = KUBERNETES_BASE / "prometheusrules.yaml"
 DASHBOARDS_FILE = KUBERNETES_BASE / "grafana-dashboards.yaml"

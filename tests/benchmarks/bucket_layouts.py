@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import write_json
+
 from inferwatch.instrumentation.config import DEFAULT_TTFT_BUCKETS
 
 QUANTILES = (0.5, 0.9, 0.99)

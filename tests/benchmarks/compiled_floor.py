@@ -41,10 +41,11 @@ from bench_common import (
     timed_generate,
     write_json,
 )
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.timing.clock import clock_for
-from prometheus_client import CollectorRegistry
 
 VARIANTS = ("bare", "wrapper", "marks", "hooks", "inferwatch")
 

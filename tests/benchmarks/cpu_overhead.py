@@ -35,9 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, greedy_generate, median, registry_sum, write_json
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
-from prometheus_client import CollectorRegistry
 
 TARGET_OVERHEAD = 0.02
 MIN_DECODE_STEP_SECONDS = 0.005

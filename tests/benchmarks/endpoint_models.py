@@ -64,9 +64,10 @@ def _series(text: bytes) -> int:
 
 
 def _measure(collect: Callable[[], list[Any]], lines: bool) -> dict[str, float]:
+    from prometheus_client.exposition import choose_encoder
+
     from inferwatch.common.frames import pack_families, unpack_families
     from inferwatch.common.prerendered import encode_families
-    from prometheus_client.exposition import choose_encoder
 
     cpu: dict[str, float] = {}
     started = time.thread_time()
@@ -95,11 +96,11 @@ def _measure(collect: Callable[[], list[Any]], lines: bool) -> dict[str, float]:
 
 def run_paths(rounds: int) -> dict[str, Any]:
     import prometheus_client
+    from prometheus_client import CollectorRegistry
+
     from inferwatch.instrumentation import InstrumentConfig
     from inferwatch.instrumentation.config import DEFAULT_ITL_BUCKETS, DEFAULT_TOKEN_BUCKETS
     from inferwatch.instrumentation.metrics.catalogue import existing_metrics
-    from prometheus_client import CollectorRegistry
-
     from tests.support.manymodels import Generating, build_models
 
     old = InstrumentConfig(tpot_buckets=DEFAULT_ITL_BUCKETS, step_token_buckets=DEFAULT_TOKEN_BUCKETS)
@@ -158,9 +159,9 @@ def run_paths(rounds: int) -> dict[str, Any]:
 
 
 def run_e2e(seconds: float) -> dict[str, Any]:
-    from inferwatch.instrumentation import start_http_server
     from prometheus_client import CollectorRegistry
 
+    from inferwatch.instrumentation import start_http_server
     from tests.support.manymodels import (
         measure_ages,
         quantile,

@@ -13,10 +13,10 @@ buckets stay cumulative and every rate is non-zero); gauges replay as captured.
 
 For each fleet size, one Prometheus scrapes every target and evaluates both rule files; it remote-writes
 what it scrapes to one VictoriaMetrics, which one vmalert evaluates the same two rule files against. The
-rules before are ``git show REV:alerts/rules.yaml`` (``--before REV``; by default the merge base with
-main) with their groups renamed ``before-*`` and their recorded names prefixed ``before_`` (names cost
-nothing; without that, the two files would record the same series), the rules after are the working
-tree's ``alerts/rules.yaml``.
+rules before are ``git show REV:src/inferwatch/alerts/rules.yaml`` (``--before REV``; by default the merge
+base with main) with their groups renamed ``before-*`` and their recorded names prefixed ``before_`` (names
+cost nothing; without that, the two files would record the same series), the rules after are the working
+tree's ``src/inferwatch/alerts/rules.yaml``.
 Scrapes and evaluations run every ``--interval`` (15 s: the interval the extrapolation is for). After
 ``--fill`` seconds (5 minutes: the 5m windows are full; the 30m, 1h and 6h windows hold only what the run
 had, see docs/benchmarks.md), it reads for ``--measure`` seconds:
@@ -62,7 +62,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
-from tests.support import free_port, parse_samples  # noqa: E402
+from tests.support import PACKAGE_ROOT, free_port, parse_samples  # noqa: E402
 from tests.support.services import require_binary, start_exporter, start_process  # noqa: E402
 
 SERVING_JOB = "llm-serving"
@@ -83,6 +83,7 @@ def capture_serving(out: Path) -> None:
     """In a child process: two built-in models, instrumented, each serving a few requests; the endpoint's
     exposition written to ``out``."""
     import torch
+
     from inferwatch.instrumentation import instrument, start_http_server
     from inferwatch.instrumentation.demo.models import build_model
 
@@ -227,7 +228,7 @@ def rules_at(revision: str | None) -> tuple[str, str]:
         text=True,
     ).stdout.strip()
     text = subprocess.run(
-        ["git", "show", f"{base}:alerts/rules.yaml"],
+        ["git", "show", f"{base}:src/inferwatch/alerts/rules.yaml"],
         cwd=REPO_ROOT,
         check=True,
         capture_output=True,
@@ -528,15 +529,15 @@ def main() -> int:
         base, before_text = rules_at(args.before)
         before, after = work / "rules-before.yaml", work / "rules-after.yaml"
         before.write_text(before_rules(before_text))
-        shutil.copy(REPO_ROOT / "alerts" / "rules.yaml", after)
+        shutil.copy(PACKAGE_ROOT / "alerts" / "rules.yaml", after)
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, check=True, capture_output=True, text=True
         ).stdout.strip()
         result: dict[str, Any] = {
             "benchmark": "tests/benchmarks/fleet_rules.py",
             "commit": head,
-            "rules_before": f"{base[:7]}:alerts/rules.yaml",
-            "rules_after": f"{head}:alerts/rules.yaml",
+            "rules_before": f"{base[:7]}:src/inferwatch/alerts/rules.yaml",
+            "rules_after": f"{head}:src/inferwatch/alerts/rules.yaml",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "interval_seconds": args.interval,
             "fill_seconds": args.fill,

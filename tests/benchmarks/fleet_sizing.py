@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO_ROOT, free_port, http_get
+from tests.support import PACKAGE_ROOT, REPO_ROOT, free_port, http_get
 from tests.support.services import (
     RunningProcess,
     start_demo,
@@ -186,7 +186,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         vmalert = (
             stack.enter_context(
                 start_vmalert(
-                    [REPO_ROOT / "alerts" / "rules.yaml"],
+                    [PACKAGE_ROOT / "alerts" / "rules.yaml"],
                     vm.url,
                     alertmanager=webhook.url.rstrip("/"),
                     interval=args.eval_interval,

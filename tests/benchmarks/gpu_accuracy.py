@@ -39,10 +39,11 @@ from bench_common import (
     print_table,
     write_json,
 )
-from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 from transformers import StoppingCriteriaList
+
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.demo.models import build_model
 
 TOLERANCE_RELATIVE = 0.01
 TOLERANCE_ABSOLUTE = 100e-6

@@ -34,12 +34,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository: tests.support
 from bench_common import PAIRED_RATIO_COLUMNS, environment, median, paired_ratios, print_table, write_json
-from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.demo.models import build_model
 from tests.support.observations import ObservationRecorder
 
 MODEL_NAME = "bench"

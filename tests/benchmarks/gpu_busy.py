@@ -44,11 +44,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, write_json
 from exporter_bench import exporter, get
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import InstrumentConfig, instrument
 from inferwatch.instrumentation.demo.models import build_config
 from inferwatch.instrumentation.device.busy import BusyMeter
 from inferwatch.instrumentation.endpoint.server import start_http_server
-from prometheus_client import CollectorRegistry
 
 TARGETS = {"within": 0.05}
 WORKLOADS = ("eager", "compiled", "prefill")
@@ -146,6 +147,7 @@ class Sources:
 
     def __init__(self) -> None:
         import pynvml
+
         from inferwatch.instrumentation.device.gpm import GraphicsActivity
 
         pynvml.nvmlInit()

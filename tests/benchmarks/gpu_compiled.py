@@ -40,9 +40,10 @@ from bench_common import (
     timed_generate,
     write_json,
 )
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
-from prometheus_client import CollectorRegistry
 
 
 def dynamo_counters() -> dict[str, int]:

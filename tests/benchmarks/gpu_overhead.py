@@ -41,9 +41,10 @@ from bench_common import (
     timed_generate,
     write_json,
 )
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
-from prometheus_client import CollectorRegistry
 
 MODES = ("none", "inferwatch", "sync-timing", "profiler")
 TARGET_RATIO = {"small-llama": 0.98, "llama-1b": 0.99}

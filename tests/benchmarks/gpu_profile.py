@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, write_json
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.endpoint.server import start_http_server

@@ -34,6 +34,8 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import static_cache, timed_generate
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.batching import batch_timeline
 from inferwatch.instrumentation.demo.models import build_model
@@ -42,7 +44,6 @@ from inferwatch.instrumentation.model.compiled import CompiledPath
 from inferwatch.instrumentation.model.forward import ForwardHooks
 from inferwatch.instrumentation.model.generate import GenerateWrapper
 from inferwatch.instrumentation.timing import request
-from prometheus_client import CollectorRegistry
 
 COMPILED_FORWARD = "compiled_forward"
 #: What the serving thread runs on every forward (the compiled call's wrapper calls the forward hooks).

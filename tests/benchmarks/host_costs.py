@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry, Histogram
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.metrics.observations import Observations, observe_many
@@ -30,7 +32,6 @@ from inferwatch.instrumentation.timing.request import (
     Request,
     Step,
 )
-from prometheus_client import CollectorRegistry, Histogram
 
 
 def report(name: str, call: Callable[[], Any], number: int = 20000) -> None:

@@ -302,6 +302,7 @@ def serve_model(requests: Path, endpoints: list[str]) -> None:
     finished request appends ``<time.monotonic()> <tokens generated so far>`` to ``FILE``."""
     import psutil
     import torch
+
     from inferwatch.instrumentation import instrument
     from inferwatch.instrumentation.demo.models import load_model
     from inferwatch.instrumentation.endpoint.server import start_http_server

@@ -51,8 +51,9 @@ def _pickled(families: list[Any], lines: bool) -> bytes:
 
 
 def _unpickled(body: bytes, trusted: bool) -> list[Any]:
-    from inferwatch.common.prerendered import PrerenderedFamily
     from prometheus_client.metrics_core import Metric
+
+    from inferwatch.common.prerendered import PrerenderedFamily
 
     families: list[Any] = []
     for name, documentation, kind, unit, samples in pickle.loads(body):
@@ -66,10 +67,10 @@ def _unpickled(body: bytes, trusted: bool) -> list[Any]:
 
 
 def run(models: int, rounds: int, helper: bool) -> dict[str, Any]:
-    from inferwatch.common.frames import pack_families, unpack_families
-    from inferwatch.instrumentation.endpoint.program import _own_families
     from prometheus_client import CollectorRegistry
 
+    from inferwatch.common.frames import pack_families, unpack_families
+    from inferwatch.instrumentation.endpoint.program import _own_families
     from tests.support.manymodels import Generating, build_models
 
     registry = CollectorRegistry()

@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
 from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.timing.arrival import ARRIVAL
-from prometheus_client import CollectorRegistry
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
 

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import pynvml
+
 from inferwatch.exporter.collectors import gpu_collectors
 from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.nvml import GpuContext, NvmlSession

@@ -89,9 +89,10 @@ def test_a_serving_process_in_its_own_pid_namespace_beside_a_busy_one() -> None:
 
 
 def test_nvml_switched_off_says_so() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
     from inferwatch.instrumentation import InstrumentConfig, instrument
     from inferwatch.instrumentation.demo.models import build_model
-    from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry()
     model = build_model("tiny-llama", device="cuda")
@@ -107,9 +108,10 @@ def test_nvml_switched_off_says_so() -> None:
 
 def test_alone_on_a_gpu_with_gpm_the_busy_ratio_is_the_graphics_engines() -> None:
     import pynvml
+    from prometheus_client import CollectorRegistry
+
     from inferwatch.instrumentation import InstrumentConfig, instrument
     from inferwatch.instrumentation.demo.models import build_model
-    from prometheus_client import CollectorRegistry
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())

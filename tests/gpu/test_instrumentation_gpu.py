@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from inferwatch.instrumentation import InstrumentConfig, instrument, track_request
-from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 
+from inferwatch.instrumentation import InstrumentConfig, instrument, track_request
+from inferwatch.instrumentation.demo.models import build_model
 from tests.support import sample_value
 from tests.support.generation import generate_greedy
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.endpoint.server import start_http_server
-from prometheus_client import CollectorRegistry
-
 from tests.support import http_get, sample_value
 from tests.support.generation import generate_greedy
 

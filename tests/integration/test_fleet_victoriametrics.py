@@ -32,10 +32,10 @@ from typing import Any
 
 import pytest
 import yaml
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 from inferwatch.instrumentation.metrics import catalogue as cat
-
 from tests.support import REPO_ROOT, free_port
 from tests.support.gpu_serving import (
     GPU_BOUND_BUSY,

@@ -19,10 +19,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import pytest
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
-
-from tests.support import REPO_ROOT
+from tests.support import PACKAGE_ROOT, REPO_ROOT
 from tests.support.fake_nvml import gpu_uuid
 from tests.support.gpu_serving import GpuServing, gpu_serving
 from tests.support.kubelet import PodResourcesServer, gpu_pod
@@ -124,7 +124,7 @@ def test_diagnose_names_the_model_and_pod_on_each_throttled_gpu(node: Node) -> N
 
 def dashboard_expr(title: str) -> list[str]:
     """The expressions of the first panel titled ``title``, with Grafana's "All" in the variables."""
-    panels = json.loads((REPO_ROOT / "dashboards" / "inferwatch-overview.json").read_text())["panels"]
+    panels = json.loads((PACKAGE_ROOT / "dashboards" / "inferwatch-overview.json").read_text())["panels"]
     (panel,) = [p for p in panels if p.get("title") == title]
     variables = {'"$model"': '".+"', '"$instance"': '".+"', '"$gpu"': '".+"', "$__rate_interval": "15s"}
     exprs = []

@@ -32,10 +32,10 @@ from typing import Any
 
 import pytest
 import yaml
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
-
-from tests.support import METRICS_DOC, REPO_ROOT
+from tests.support import METRICS_DOC, PACKAGE_ROOT, REPO_ROOT
 from tests.support.gpu_serving import GPU_BOUND_BUSY, GpuServing, gpu_serving
 from tests.support.services import (
     Alertmanager,
@@ -169,7 +169,7 @@ def substitute(expr: str) -> str:
 
 def dashboard_expressions() -> list[tuple[str, str]]:
     found = []
-    for path in sorted((REPO_ROOT / "dashboards").glob("*.json")):
+    for path in sorted((PACKAGE_ROOT / "dashboards").glob("*.json")):
         for panel in json.loads(path.read_text())["panels"]:
             for target in panel.get("targets", []):
                 found.append((f"{path.name}: {panel['title']}", substitute(target["expr"])))
@@ -228,7 +228,7 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
 
 
 def test_dashboard_variables_find_values(stack: Stack) -> None:
-    for path in sorted((REPO_ROOT / "dashboards").glob("*.json")):
+    for path in sorted((PACKAGE_ROOT / "dashboards").glob("*.json")):
         for variable in json.loads(path.read_text())["templating"]["list"]:
             if variable["type"] != "query":
                 continue

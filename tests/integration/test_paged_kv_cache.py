@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.monitor import checklist
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from tests.support.services import Prometheus, run_inferwatch, start_prometheus, wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.endpoint.server import start_http_server
-
 from tests.support import http_get
 from tests.support.services import start_alertmanager, wait_until
 

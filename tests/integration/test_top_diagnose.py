@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from inferwatch.common.promql import Selector
 from inferwatch.monitor.expr import Quantile, Rate
 from inferwatch.monitor.scrape import EndpointScrape, Sample, Snapshot, labels_of
-
 from tests.support import REPO_ROOT, http_get, parse_samples, sample_value
 from tests.support.gpu_serving import GpuServing, gpu_serving
 from tests.support.services import (

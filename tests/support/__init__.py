@@ -17,6 +17,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The package's own tree (src layout): its generated rules and dashboards are committed there.
+PACKAGE_ROOT = REPO_ROOT / "src" / "inferwatch"
 METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
 
 

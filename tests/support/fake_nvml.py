@@ -46,7 +46,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from inferwatch.common.clock import SYSTEM_CLOCK, Clock
-
 from tests.support.fake_events import EventsApi
 from tests.support.fake_gpm import GpmApi
 from tests.support.fake_nvml_types import (

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.device.hardware import DeviceIdentity
 from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.instrumentation.metrics import catalogue as cat
-from prometheus_client import CollectorRegistry
-
 from tests.support.fake_nvml import gpu_uuid
 
 #: Busy ratios the H200 measured (docs/benchmarks.md): eager batch-1 decode of a 1B model; a GPU-bound load.

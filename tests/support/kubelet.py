@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from inferwatch.exporter.kubernetes import podresources_pb2 as pb2
 from inferwatch.exporter.kubernetes.podresources import SERVICE
 

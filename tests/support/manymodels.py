@@ -70,6 +70,7 @@ class Generating(threading.Thread):
 
     def generate(self, model: Any) -> None:
         import torch
+
         from inferwatch.instrumentation.demo.models import encode_text
 
         ids = torch.tensor([encode_text("How old is this scrape?")])

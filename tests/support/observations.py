@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
-from prometheus_client import CollectorRegistry
 
 
 class ObservationRecorder:

@@ -15,7 +15,6 @@ from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import ExporterConfig
 from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.poller import Poller
-
 from tests.support import parse_samples
 from tests.support.fake_nvml import FakeNvml
 

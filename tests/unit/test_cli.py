@@ -9,6 +9,7 @@ import sys
 import types
 
 import pytest
+
 from inferwatch import cli
 
 

@@ -15,16 +15,15 @@ import ast
 from pathlib import Path
 
 import inferwatch.instrumentation as instrumentation_api
-
-from tests.support import REPO_ROOT
+from tests.support import PACKAGE_ROOT
 
 LIBRARY_PACKAGES = ("alerts", "bench", "common", "dashboards", "exporter", "instrumentation", "monitor")
 
 
 def _module_name(path: Path) -> str:
     """``exporter/collectors/gpm.py`` -> ``inferwatch.exporter.collectors.gpm`` (each top-level package of
-    the repository is one of ``inferwatch``'s, pyproject's package-dir)."""
-    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    src/inferwatch is one of its subpackages)."""
+    parts = path.relative_to(PACKAGE_ROOT).with_suffix("").parts
     return ".".join(("inferwatch", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
@@ -55,15 +54,15 @@ def _library_modules() -> dict[str, Path]:
     return {
         _module_name(path): path
         for package in LIBRARY_PACKAGES
-        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        for path in sorted((PACKAGE_ROOT / package).rglob("*.py"))
     }
 
 
 def test_no_library_module_imports_the_cli() -> None:
     offenders = [
-        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        f"{path.relative_to(PACKAGE_ROOT)} imports {name}"
         for package in LIBRARY_PACKAGES
-        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        for path in sorted((PACKAGE_ROOT / package).rglob("*.py"))
         for name in sorted(_imported_modules(path))
         if name == "inferwatch.cli" or name.startswith("inferwatch.cli.")
     ]
@@ -71,7 +70,7 @@ def test_no_library_module_imports_the_cli() -> None:
 
 
 def test_every_library_package_is_checked() -> None:
-    packages = {path.parent.name for path in REPO_ROOT.glob("*/__init__.py")} - {"cli", "tests"}
+    packages = {path.parent.name for path in PACKAGE_ROOT.glob("*/__init__.py")} - {"cli", "tests"}
     assert packages == set(LIBRARY_PACKAGES)
 
 
@@ -90,7 +89,7 @@ def _packages(name: str) -> list[str]:
 
 
 def test_the_exporter_configuration_does_not_import_the_collectors_at_module_level() -> None:
-    config = REPO_ROOT / "exporter" / "config.py"
+    config = PACKAGE_ROOT / "exporter" / "config.py"
     offenders = sorted(n for n in _imported_modules(config, module_level=True) if _within(n, COLLECTORS))
     assert not offenders, f"exporter/config.py imports {offenders} at module level; import them when asked"
 
@@ -152,8 +151,8 @@ WITHOUT_TORCH = ("metrics", "edge", "endpoint", "config")
 
 def _instrumentation_parts() -> dict[str, list[Path]]:
     parts: dict[str, list[Path]] = {}
-    for path in sorted((REPO_ROOT / "instrumentation").rglob("*.py")):
-        relative = path.relative_to(REPO_ROOT / "instrumentation")
+    for path in sorted((PACKAGE_ROOT / "instrumentation").rglob("*.py")):
+        relative = path.relative_to(PACKAGE_ROOT / "instrumentation")
         if relative.parts[0] == "__init__.py":
             continue
         parts.setdefault(relative.parts[0].removesuffix(".py"), []).append(path)
@@ -174,7 +173,7 @@ def test_every_part_of_the_instrumentation_has_a_layer() -> None:
 
 def test_each_part_of_the_instrumentation_imports_only_the_parts_below_it() -> None:
     offenders = [
-        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        f"{path.relative_to(PACKAGE_ROOT)} imports {name}"
         for part, paths in _instrumentation_parts().items()
         for path in paths
         for name in sorted(_imported_modules(path))
@@ -199,14 +198,14 @@ def test_the_request_path_reaches_no_process_wide_object() -> None:
                 for alias in node.names
             }
             offenders += [
-                f"{path.relative_to(REPO_ROOT)} uses {name}" for name in sorted(used & PROCESS_WIDE)
+                f"{path.relative_to(PACKAGE_ROOT)} uses {name}" for name in sorted(used & PROCESS_WIDE)
             ]
     assert not offenders, offenders
 
 
 def test_the_parts_that_run_without_torch_never_import_it() -> None:
     offenders = [
-        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        f"{path.relative_to(PACKAGE_ROOT)} imports {name}"
         for part in WITHOUT_TORCH
         for path in _instrumentation_parts()[part]
         for name in sorted(_imported_modules(path))

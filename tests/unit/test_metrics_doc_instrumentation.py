@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import GenerationConfig
+
 from inferwatch.instrumentation import InstrumentationHandle, InstrumentConfig, instrument
 from inferwatch.instrumentation.demo.models import build_model, encode_text
 from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
 from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.instrumentation.metrics import catalogue as cat
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-from transformers import GenerationConfig
-
 from tests.support import METRICS_DOC, documented_metrics, http_get
 from tests.support.asgi_server import serve_asgi
 from tests.support.batching import small_page_pool

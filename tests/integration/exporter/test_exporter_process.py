@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 import requests
-from inferwatch.exporter.config import options
 
+from inferwatch.exporter.config import options
 from tests.support import REPO_ROOT, fake_nvml, free_port, http_get, parse_samples, sample_value
 from tests.support.httpload import Load, Target
 from tests.support.kubelet import PodResourcesServer, gpu_pod

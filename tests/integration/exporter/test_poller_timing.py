@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from inferwatch.common.clock import SYSTEM_CLOCK
 from inferwatch.exporter.nvml import GpuContext, NvmlSession
 from inferwatch.exporter.poller import GpuJob
 from inferwatch.exporter.selfmetrics import GPU_UP, NVML_ERRORS, Tally
-
 from tests.support import sample_value
 from tests.support.fake_nvml import FakeNvml
 from tests.support.kubelet import PodResourcesServer, gpu_pod

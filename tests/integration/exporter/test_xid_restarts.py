@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import REPO_ROOT, free_port
+from tests.support import PACKAGE_ROOT, REPO_ROOT, free_port
 from tests.support.services import start_exporter, start_prometheus, wait_until
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 FAKE_NVML = "tests.support.fake_nvml"
 FAST = ["--collector.interval=200ms", "--collector.timeout=2s", "--nvml.retry-interval=200ms"]
 JOB = "inferwatch-exporter"
-RULES = REPO_ROOT / "alerts" / "rules.yaml"
+RULES = PACKAGE_ROOT / "alerts" / "rules.yaml"
 ALERT = "InferwatchGpuXidError"
 
 

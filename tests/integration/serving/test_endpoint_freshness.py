@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry, Counter
+from transformers.generation.streamers import BaseStreamer
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model, encode_text
 from inferwatch.instrumentation.endpoint.app import AGE_HEADER, MAX_AGE
 from inferwatch.instrumentation.endpoint.server import MetricsServer, start_http_server
-from prometheus_client import CollectorRegistry, Counter
-from transformers.generation.streamers import BaseStreamer
-
 from tests.support.httpload import PROMETHEUS_HEADERS, scrape_every
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from inferwatch.instrumentation.endpoint.app import MAX_AGE
-from inferwatch.instrumentation.endpoint.server import start_http_server
 from prometheus_client import CollectorRegistry
 
+from inferwatch.instrumentation.endpoint.app import MAX_AGE
+from inferwatch.instrumentation.endpoint.server import start_http_server
 from tests.support.manymodels import (
     Generating,
     Ticker,

@@ -32,14 +32,14 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from flask import Flask, Response, abort
 from flask import request as flask_request
-from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from openai import OpenAI
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
 from werkzeug.serving import make_server
 
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from tests.support import sample_value
 from tests.support.asgi_server import serve_asgi
 from tests.support.clienttiming import without_gc_pauses

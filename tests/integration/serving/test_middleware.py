@@ -28,9 +28,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 import requests
 import torch
-from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.demo.models import build_model, encode_text
-from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -39,6 +36,9 @@ from starlette.routing import Route
 from transformers.generation.streamers import BaseStreamer
 from werkzeug.serving import make_server as make_werkzeug_server
 
+from inferwatch.instrumentation import InstrumentationHandle, instrument
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware, WSGIArrivalMiddleware
 from tests.support.asgi_server import serve_asgi
 from tests.support.clienttiming import without_gc_pauses
 from tests.support.generation import generate_greedy

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from inferwatch.instrumentation.endpoint.server import (
     MULTIPROC_DIR_ENV,
     mark_process_dead,
     multiprocess_registry,
     start_http_server,
 )
-
 from tests.support import free_port, http_get, sample_value
 from tests.support.services import require_binary, wait_until
 

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from inferwatch.instrumentation.endpoint.app import AGE_HEADER
 
+from inferwatch.instrumentation.endpoint.app import AGE_HEADER
 from tests.support import parse_samples
 from tests.support.services import wait_until
 from tests.support.transformers_serve import Completion, Server, assert_close, delta, stream_chat, value

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from inferwatch.alerts.config import ConfigError, load_config, merge_config
 from inferwatch.alerts.rules import ALERTS, render_rules
 from inferwatch.common.durations import parse_duration

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 import yaml
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 from inferwatch.alerts.rules import ALERTS, SLO_HISTOGRAMS
 from inferwatch.cli import main as inferwatch_main
 from inferwatch.instrumentation.config import InstrumentConfig
-
-from tests.support import REPO_ROOT, documented_metrics
+from tests.support import PACKAGE_ROOT, REPO_ROOT, documented_metrics
 from tests.unit.alerts.promql import base_metric, metric_names
 
-ALERTS_DIR = REPO_ROOT / "alerts"
+ALERTS_DIR = PACKAGE_ROOT / "alerts"
 RULES = ALERTS_DIR / "rules.yaml"
 TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.yaml"))
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
@@ -49,7 +49,8 @@ def _alert_rules() -> list[dict[str, Any]]:
 
 def test_committed_rules_are_rendered_from_the_defaults() -> None:
     assert RULES.read_text() == rules_yaml(merge_config({})), (
-        "alerts/rules.yaml is stale: run `inferwatch alerts render --out alerts`"
+        "src/inferwatch/alerts/rules.yaml is stale: "
+        "run `inferwatch alerts render --out src/inferwatch/alerts`"
     )
 
 
@@ -204,7 +205,7 @@ def test_every_alert_has_a_complete_runbook_section() -> None:
 
 def test_the_panels_runbooks_cite_exist() -> None:
     titles: dict[str, set[str]] = {}
-    for path in (REPO_ROOT / "dashboards").glob("*.json"):
+    for path in (PACKAGE_ROOT / "dashboards").glob("*.json"):
         dashboard = json.loads(path.read_text())
         name = dashboard["title"].removeprefix("inferwatch / ")
         titles[name] = {panel["title"] for panel in dashboard["panels"] if panel["type"] != "row"}

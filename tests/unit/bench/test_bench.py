@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from inferwatch.bench.bench import prompt_ids
 from inferwatch.cli import main as cli_main
 from inferwatch.instrumentation.demo.models import build_model

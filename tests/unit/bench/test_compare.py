@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from inferwatch.bench.compare import perplexity, perturb_weights
 from inferwatch.bench.texts import EVALUATION_TEXTS
 from inferwatch.cli import main as cli_main

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+
 from inferwatch.bench.timing import DeviceClock, percentile, summarize
 
 

@@ -4,6 +4,7 @@ command-line options (what the exporter's flags and ``inferwatch diagnose`` each
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.common.durations import parse_duration
 
 

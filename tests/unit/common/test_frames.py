@@ -5,6 +5,11 @@ from __future__ import annotations
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
 from inferwatch.common.frames import (
     PREFIX,
     FrameReader,
@@ -14,11 +19,6 @@ from inferwatch.common.frames import (
     unpack_families,
 )
 from inferwatch.common.prerendered import PrerenderedFamily, encode_families
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
-
 from tests.support.clock import ManualClock
 
 

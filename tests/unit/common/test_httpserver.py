@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from inferwatch.common.httpserver import (
     CpuBudget,
     HttpServer,
@@ -26,7 +27,6 @@ from inferwatch.common.httpserver import (
     ServerThread,
     bind,
 )
-
 from tests.support.clock import ManualClock
 from tests.support.services import wait_until
 from tests.unit.exporter.certs import self_signed_certificate

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from inferwatch.common.lograte import RateLimit
 
+from inferwatch.common.lograte import RateLimit
 from tests.support.clock import ManualClock
 
 

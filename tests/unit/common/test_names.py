@@ -10,7 +10,6 @@ from pathlib import Path
 
 from inferwatch.common import names
 from inferwatch.instrumentation.metrics.catalogue import CATALOGUE
-
 from tests.support import REPO_ROOT, documented_metrics
 
 # Series Prometheus makes itself for every scrape target.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.common import promql
 from inferwatch.common.promql import Matcher, Selector, eq, parse_matchers, regex
 

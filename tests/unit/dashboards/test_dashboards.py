@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+
 from inferwatch.cli import main as inferwatch_main
 from inferwatch.dashboards.generate import bundled_files, generate
 from inferwatch.dashboards.schema import validate_dashboard
-
-from tests.support import REPO_ROOT, documented_metrics
+from tests.support import PACKAGE_ROOT, documented_metrics
 from tests.unit.alerts.promql import base_metric, metric_names
 
-COMMITTED = {path.name: path.read_text() for path in sorted((REPO_ROOT / "dashboards").glob("*.json"))}
+COMMITTED = {path.name: path.read_text() for path in sorted((PACKAGE_ROOT / "dashboards").glob("*.json"))}
 DASHBOARDS = {name: json.loads(text) for name, text in COMMITTED.items()}
 
 
@@ -48,7 +48,8 @@ def test_the_three_dashboards_are_committed() -> None:
 
 def test_committed_json_is_what_the_generator_builds() -> None:
     assert generate() == COMMITTED, (
-        "dashboards/*.json are stale: run `inferwatch dashboards generate --out dashboards`"
+        "src/inferwatch/dashboards/*.json are stale: "
+        "run `inferwatch dashboards generate --out src/inferwatch/dashboards`"
     )
 
 
@@ -170,7 +171,7 @@ def test_clocks_event_reasons_are_shown_as_a_state_timeline() -> None:
 def test_every_metric_the_dashboards_name_is_documented() -> None:
     """Or recorded: a panel may read a recording rule of alerts/rules.yaml, which ships with them."""
     documented = set(documented_metrics("Instrumentation")) | set(documented_metrics("Exporter")) | {"up"}
-    rules = yaml.safe_load((REPO_ROOT / "alerts" / "rules.yaml").read_text())
+    rules = yaml.safe_load((PACKAGE_ROOT / "alerts" / "rules.yaml").read_text())
     recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
     named = {base_metric(name, documented) for _, expr in _exprs() for name in metric_names(expr)}
     variables = [
@@ -184,7 +185,7 @@ def test_every_metric_the_dashboards_name_is_documented() -> None:
 
 def test_every_selector_starts_with_its_jobs_configured_matchers() -> None:
     """The mixin's job selectors: each series is read from the job alerts/config.yaml names for it."""
-    selectors = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text())["selectors"]
+    selectors = yaml.safe_load((PACKAGE_ROOT / "alerts" / "config.yaml").read_text())["selectors"]
     for where, expr in _exprs():
         for metric, matchers in re.findall(r"([a-z_:][a-z0-9_:]*)\{([^}]*)\}", expr):
             job = "serving" if metric.startswith(("llm_", "instance_model:", "job_model:")) else "exporter"

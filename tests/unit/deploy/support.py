@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import REPO_ROOT
+from tests.support import PACKAGE_ROOT, REPO_ROOT
 from tests.support.services import require_binary
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -55,7 +55,7 @@ def project_version() -> str:
 
 def alert_rule_jobs() -> dict[str, str]:
     """The job each selector of the alert rules' configuration (alerts/config.yaml) matches."""
-    config = yaml.safe_load((REPO_ROOT / "alerts" / "config.yaml").read_text(encoding="utf-8"))
+    config = yaml.safe_load((PACKAGE_ROOT / "alerts" / "config.yaml").read_text(encoding="utf-8"))
     jobs = {}
     for name, matchers in config["selectors"].items():
         match = re.search(r'\bjob\s*=\s*"([^"]+)"', matchers)

@@ -54,10 +54,10 @@ def dockerignore_admits(relative: str) -> bool:
 
 
 def package_dirs() -> set[str]:
-    """The folders pyproject.toml maps to inferwatch.* packages."""
+    """The folders pyproject.toml finds the packages in (``[tool.setuptools.packages.find]``'s ``where``)."""
     text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    (mapping,) = re.findall(r"^package-dir = \{(.*)\}$", text, flags=re.MULTILINE)
-    return set(re.findall(r'"inferwatch\.\w+" = "(\w+)"', mapping))
+    (where,) = re.findall(r"^where = \[(.*)\]$", text, flags=re.MULTILINE)
+    return set(re.findall(r'"([\w/]+)"', where))
 
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
@@ -140,8 +140,8 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         "deploy/compose/compose.yaml",
     ):
         assert not dockerignore_admits(path), path
-    assert not dockerignore_admits("exporter/__pycache__/x.cpython-311.pyc")
-    assert dockerignore_admits("exporter/__init__.py")
+    assert not dockerignore_admits("src/inferwatch/exporter/__pycache__/x.cpython-311.pyc")
+    assert dockerignore_admits("src/inferwatch/exporter/__init__.py")
 
 
 # ---------------------------------------------------------------------------------- the health check

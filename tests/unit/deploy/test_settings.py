@@ -14,9 +14,9 @@ import shlex
 from typing import Any
 
 import pytest
+
 from inferwatch.exporter.config import ENV_PREFIX, ExporterConfig, options, parse_config
 from inferwatch.instrumentation.demo import command as demo
-
 from tests.unit.deploy.support import DOCKER_DIR, VARIANTS, compose_config, parse_dockerfile
 
 KNOWN_VARIABLES = {option.env for option in options()}

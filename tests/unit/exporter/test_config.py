@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.exporter.collectors import REGISTRY
 from inferwatch.exporter.config import build_parser, options, parse_config, parse_duration
 from inferwatch.exporter.errors import ConfigError

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from inferwatch.exporter.encoding import encode
-from inferwatch.exporter.samples import FamilySpec, Sample, gpu_counter, gpu_gauge
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 
+from inferwatch.exporter.encoding import encode
+from inferwatch.exporter.samples import FamilySpec, Sample, gpu_counter, gpu_gauge
 from tests.unit.exporter.conftest import MakePoller
 
 GAUGE = gpu_gauge(

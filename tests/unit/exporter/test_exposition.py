@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 from typing import Any
 
-from inferwatch.exporter.exposition import ScrapeRenderer
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from inferwatch.exporter.exposition import ScrapeRenderer
 from tests.support import sample_value
 from tests.unit.exporter.conftest import MakePoller
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from inferwatch.exporter.collectors import REGISTRY
-
 from tests.support.clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, render
 

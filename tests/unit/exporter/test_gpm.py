@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 from inferwatch.exporter.poller import Poller
-
 from tests.support import parse_samples, sample_value
 from tests.support.clock import ManualClock
 from tests.unit.exporter.conftest import MakePoller, gpu_value, render

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from inferwatch.common.lograte import RateLimit
 from inferwatch.exporter.kubernetes import cgroup, podresources
 from inferwatch.exporter.kubernetes.podresources import LIST_METHOD, SERVICE
-
 from tests.support import REPO_ROOT, fake_nvml, parse_samples, sample_value
 from tests.support.kubelet import Pod, PodResourcesServer, gpu_pod
 from tests.unit.exporter.conftest import MakePoller, own_process, render

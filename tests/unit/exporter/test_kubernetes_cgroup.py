@@ -4,6 +4,7 @@ kubelet cgroup driver and container runtime writes them."""
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.exporter.kubernetes import cgroup
 from inferwatch.exporter.kubernetes.cgroup import ContainerRef, parse_cgroup, read_container
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.exporter.collectors.kubernetes import name_containers
 from inferwatch.exporter.kubernetes.cgroup import ContainerRef
 from inferwatch.exporter.kubernetes.devices import DeviceRef, MigDevice, parse_device_id

@@ -12,8 +12,8 @@ import os
 from typing import Any
 
 import pytest
-from inferwatch.exporter.kubernetes import cgroup
 
+from inferwatch.exporter.kubernetes import cgroup
 from tests.support import documented_metrics, exposed_metrics, fake_nvml
 from tests.support.clock import ManualClock
 from tests.support.kubelet import PodResourcesServer, gpu_pod

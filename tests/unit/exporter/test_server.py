@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from inferwatch.common.httpserver import ServerThread
 from inferwatch.common.webconfig import BasicAuth, WebConfig
 from inferwatch.exporter.errors import ListenError
 from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.server import ExporterServer
-
 from tests.support import sample_value
 from tests.unit.exporter.certs import bcrypt_hash
 from tests.unit.exporter.conftest import MakePoller

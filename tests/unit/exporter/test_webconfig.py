@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from inferwatch.common.webconfig import BasicAuth, WebConfig, check_reload, load_web_config
 from inferwatch.exporter.errors import ConfigError
-
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 

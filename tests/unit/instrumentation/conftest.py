@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry, generate_latest
+
 from inferwatch.instrumentation import InstrumentationHandle, instrument
 from inferwatch.instrumentation.demo.models import PAD_TOKEN_ID, build_model, encode_text
 from inferwatch.instrumentation.metrics.catalogue import existing_metrics
-from prometheus_client import CollectorRegistry, generate_latest
-
 from tests.support import sample_value
 
 

@@ -6,9 +6,9 @@ import traceback
 
 import pytest
 import torch
+
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.timing.request import DRAIN_BATCH
-
 from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric
 

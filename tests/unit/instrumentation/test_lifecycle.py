@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inferwatch.instrumentation import InstrumentConfig, instrument
-from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry
 
+from inferwatch.instrumentation import InstrumentConfig, instrument
+from inferwatch.instrumentation.demo.models import build_model
 from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric
 

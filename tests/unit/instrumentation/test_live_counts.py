@@ -14,13 +14,13 @@ import time
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument, track_request
-from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, build_model, encode_text
-from inferwatch.instrumentation.timing import request
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
+from inferwatch.instrumentation import instrument, track_request
+from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, build_model, encode_text
+from inferwatch.instrumentation.timing import request
 from tests.support.batching import small_page_pool
 from tests.unit.instrumentation.conftest import batch_of
 from tests.unit.instrumentation.model.test_compiled import compiled_generation_config

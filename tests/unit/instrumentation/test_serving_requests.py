@@ -11,13 +11,13 @@ import weakref
 
 import pytest
 import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
 from inferwatch.instrumentation import instrument
 from inferwatch.instrumentation.demo.models import build_model
 from inferwatch.instrumentation.timing.arrival import propagate_to_threads, request_arrival
 from inferwatch.instrumentation.tracking import track_request
-from transformers import StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
-
 from tests.support.generation import generate_greedy
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape, wait_forgotten
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 import torch
-from inferwatch.instrumentation import RequestTracker, track_request
 from transformers.generation.utils import ALL_CACHE_NAMES
 
+from inferwatch.instrumentation import RequestTracker, track_request
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 STEP = 0.02

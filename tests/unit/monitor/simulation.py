@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from inferwatch.alerts.config import merge_config
 from inferwatch.monitor.checks import Diagnosis, Thresholds, diagnose
 from inferwatch.monitor.diagnose import ScrapeSource
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from tests.unit.monitor.snapshots import endpoint, snapshot
 
 SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)

@@ -3,8 +3,9 @@ would return, at a time the test chooses (so rates are exact)."""
 
 from __future__ import annotations
 
-from inferwatch.monitor.scrape import EndpointScrape, Snapshot, parse_exposition
 from prometheus_client import CollectorRegistry, generate_latest
+
+from inferwatch.monitor.scrape import EndpointScrape, Snapshot, parse_exposition
 
 
 def endpoint(registry: CollectorRegistry, at: float, instance: str = "serving:8797") -> EndpointScrape:

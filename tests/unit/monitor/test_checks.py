@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from inferwatch.monitor import checklist
 from inferwatch.monitor.checks import Diagnosis, Severity, kv_cache
 from inferwatch.monitor.checks.attribution import model_gpus
-
 from tests.unit.monitor.simulation import run
 
 

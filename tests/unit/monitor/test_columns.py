@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import io
 
-from inferwatch.monitor.columns import Column, distinct_width, fit_table, shorten_middle
 from rich.console import Console
 from rich.text import Text
+
+from inferwatch.monitor.columns import Column, distinct_width, fit_table, shorten_middle
 
 Row = tuple[str, str, str, str]
 COLUMNS: tuple[Column[Row], ...] = (

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from inferwatch.cli import main as cli_main
-from inferwatch.monitor import diagnose
 from rich.console import Console
 
+from inferwatch.cli import main as cli_main
+from inferwatch.monitor import diagnose
 from tests.support import free_port
 from tests.unit.monitor.simulation import run
 from tests.unit.monitor.test_scrape import http_server

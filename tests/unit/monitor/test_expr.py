@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from inferwatch.common.promql import Selector, eq
 from inferwatch.monitor.expr import Gauge as GaugeExpr
 from inferwatch.monitor.expr import Quantile, Rate, Ratio, bucket_quantile, histogram_mean
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from tests.unit.monitor.snapshots import endpoint, snapshot
 
 INF = math.inf

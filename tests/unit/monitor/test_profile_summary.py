@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from inferwatch.monitor.checks.findings import Finding, Severity
 from inferwatch.monitor.profile import Profiled, profile_findings, with_oom_evidence
 from inferwatch.monitor.profile_summary import VERDICT_ITEMS, summarize

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 from inferwatch.common.promql import Selector
 from inferwatch.monitor import queries
-
 from tests.support import METRICS_DOC
 
 # Labels that come from the scrape (Prometheus's target labels), not from the exporting code.

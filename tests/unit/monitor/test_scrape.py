@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from inferwatch.monitor.scrape import instance_of, normalize_url, parse_exposition, scrape, scrape_round
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from inferwatch.monitor.scrape import instance_of, normalize_url, parse_exposition, scrape, scrape_round
 from tests.support import free_port
 
 

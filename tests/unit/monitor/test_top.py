@@ -7,15 +7,15 @@ import io
 import json
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from rich.console import Console
+from rich.text import Text
+
 from inferwatch.cli import main as cli_main
 from inferwatch.monitor import top
 from inferwatch.monitor.frame import GpuRow, ModelRow, build_frame
 from inferwatch.monitor.scrape import EndpointScrape
 from inferwatch.monitor.top import GPU_COLUMNS, MODEL_COLUMNS, PIPE_WIDTH, Screen
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from rich.console import Console
-from rich.text import Text
-
 from tests.support import free_port
 from tests.unit.monitor.snapshots import endpoint, snapshot
 

@@ -14,14 +14,14 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from inferwatch.instrumentation import InstrumentationHandle, instrument
-from inferwatch.instrumentation.demo.models import build_model, encode_text
-from inferwatch.instrumentation.metrics.catalogue import metrics_for
-from inferwatch.instrumentation.metrics.model_series import series_for
 from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from inferwatch.instrumentation import InstrumentationHandle, instrument
+from inferwatch.instrumentation.demo.models import build_model, encode_text
+from inferwatch.instrumentation.metrics.catalogue import metrics_for
+from inferwatch.instrumentation.metrics.model_series import series_for
 from tests.support import sample_value
 from tests.support.batching import small_page_pool
 from tests.support.observations import ObservationRecorder

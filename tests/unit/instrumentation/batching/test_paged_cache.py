@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
 from inferwatch.instrumentation import InstrumentationHandle, instrument
 from inferwatch.instrumentation.demo.models import build_model, encode_text
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
-from prometheus_client import CollectorRegistry
-from transformers import GenerationConfig
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 pytestmark = pytest.mark.matrix
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+
 from inferwatch.cli import main as inferwatch
 from inferwatch.instrumentation.demo.command import RequestStream
 from inferwatch.instrumentation.demo.summary import histogram_quantile

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument, track_request
-from inferwatch.instrumentation.demo.command import RequestStream, _Generation
-from inferwatch.instrumentation.demo.models import build_model
 from prometheus_client import CollectorRegistry, generate_latest
 from transformers import GenerationConfig
 
+from inferwatch.instrumentation import instrument, track_request
+from inferwatch.instrumentation.demo.command import RequestStream, _Generation
+from inferwatch.instrumentation.demo.models import build_model
 from tests.support.batching import small_page_pool
 
 pytestmark = pytest.mark.matrix

@@ -7,13 +7,13 @@ import time
 import pynvml
 import pytest
 import torch
+
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.device.hardware import DeviceIdentity, parameter_footprint
 from inferwatch.instrumentation.device.nvml_poller import NvmlPoller
 from inferwatch.instrumentation.device.pollers import ModelPoller
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
-
 from tests.unit.instrumentation.conftest import batch_of, metric, scrape
 
 pytestmark = pytest.mark.matrix

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 import torch
+
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.device import busy
 from inferwatch.instrumentation.device.hardware import DeviceIdentity
@@ -25,7 +26,6 @@ from inferwatch.instrumentation.device.pollers import ModelPoller
 from inferwatch.instrumentation.metrics import vocabulary
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
-
 from tests.unit.instrumentation.conftest import metric, scrape
 
 PID = os.getpid()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inferwatch.instrumentation.device.hardware import DeviceIdentity, driver_gpu_uuid, gpu_identity
 
+from inferwatch.instrumentation.device.hardware import DeviceIdentity, driver_gpu_uuid, gpu_identity
 from tests.unit.instrumentation.conftest import metric, scrape
 
 GPU = "GPU-5b0b8c2e-7b7f-4c38-2d0e-9e1f3a4b5c6d"

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
+
 from inferwatch.instrumentation.edge import received
 from inferwatch.instrumentation.edge.received import asgi_connection, received_at, wsgi_connection
 

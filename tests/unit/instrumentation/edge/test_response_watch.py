@@ -12,13 +12,13 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.edge.middleware import ArrivalMiddleware
 from inferwatch.instrumentation.edge.response import ResponseWatch
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.timing.arrival import ARRIVAL, Arrival
-from prometheus_client import CollectorRegistry, generate_latest
-
 from tests.support import sample_value
 
 

@@ -16,6 +16,9 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psutil
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
 from inferwatch.instrumentation.endpoint.app import (
     AGE_HEADER,
     CPU_BURST,
@@ -38,9 +41,6 @@ from inferwatch.instrumentation.endpoint.server import (
     multiprocess_registry,
     start_http_server,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from tests.support import http_get, sample_value
 from tests.support.clock import ManualClock
 from tests.support.httpload import Load, Target

@@ -15,12 +15,12 @@ import urllib.request
 
 import psutil
 import pytest
+from prometheus_client import CollectorRegistry, Counter
+
 from inferwatch.instrumentation.endpoint import helper_process
 from inferwatch.instrumentation.endpoint.helper_process import PING_INTERVAL, PING_TIMEOUT
 from inferwatch.instrumentation.endpoint.server import THREAD_NAME, start_http_server
 from inferwatch.instrumentation.profiling.http import MAX_BODY_BYTES
-from prometheus_client import CollectorRegistry, Counter
-
 from tests.support import http_get, sample_value
 from tests.support.services import wait_until
 

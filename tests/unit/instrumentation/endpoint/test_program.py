@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import socket
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
 from inferwatch.common.frames import frame
 from inferwatch.instrumentation.endpoint.program import (
     ProgramCollector,
@@ -11,10 +15,6 @@ from inferwatch.instrumentation.endpoint.program import (
     _PeerAgent,
     merge_families,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
-
 from tests.support import sample_value
 from tests.support.services import wait_until
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
+
 from inferwatch.common.frames import PREFIX, frame, pack_families, read_frame
 from inferwatch.common.lograte import RateLimit
 from inferwatch.instrumentation.endpoint import program
@@ -34,8 +36,6 @@ from inferwatch.instrumentation.endpoint.program import (
     _PeerAgent,
 )
 from inferwatch.instrumentation.endpoint.server import start_http_server
-from prometheus_client import CollectorRegistry, Counter
-
 from tests.support import REPO_ROOT, http_get, sample_value
 from tests.support.services import wait_until
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from inferwatch.instrumentation.launcher.transformers_serve import arrivals
 from inferwatch.instrumentation.launcher.transformers_serve.arrivals import (
     ARRIVALS_ENV,

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+
 from inferwatch.exporter.config import DEFAULT_PORT as EXPORTER_PORT
 from inferwatch.instrumentation.endpoint.server import DEFAULT_PORT as SERVING_PORT
 from inferwatch.instrumentation.endpoint.server import ListenError, PortInUseError

@@ -8,9 +8,9 @@ import types
 
 import pytest
 import transformers
-from inferwatch.instrumentation.launcher import transformers_serve
 from prometheus_client import REGISTRY
 
+from inferwatch.instrumentation.launcher import transformers_serve
 from tests.support import sample_value
 
 

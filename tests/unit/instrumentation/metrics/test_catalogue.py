@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from inferwatch.instrumentation import InstrumentConfig
-from inferwatch.instrumentation.metrics.catalogue import CATALOGUE, metrics_for
-from inferwatch.instrumentation.metrics.containment import STAGES
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import Gauge
 
-from tests.support import METRICS_DOC, REPO_ROOT, documented_metrics
+from inferwatch.instrumentation import InstrumentConfig
+from inferwatch.instrumentation.metrics.catalogue import CATALOGUE, metrics_for
+from inferwatch.instrumentation.metrics.containment import STAGES
+from tests.support import METRICS_DOC, PACKAGE_ROOT, documented_metrics
 
 SECTION = "Instrumentation"
 
@@ -66,7 +66,7 @@ def test_one_set_of_families_per_registry() -> None:
 
 def test_error_stages_are_a_documented_fixed_set() -> None:
     used = set()
-    for path in (REPO_ROOT / "instrumentation").rglob("*.py"):
+    for path in (PACKAGE_ROOT / "instrumentation").rglob("*.py"):
         used |= set(re.findall(r'\.report\(\s*"(\w+)"', path.read_text(encoding="utf-8")))
     assert used and used <= set(STAGES)
     meaning = _doc_rows()["llm_instrumentation_errors_total"][4]

@@ -6,14 +6,15 @@ children come and go, through the helper's frames and with ``name[]``."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+
 from inferwatch.common.frames import pack_families, unpack_families
 from inferwatch.common.prerendered import PrerenderedFamily, encode_families
 from inferwatch.instrumentation import InstrumentConfig
 from inferwatch.instrumentation.endpoint.rendering import Collected, restricted
 from inferwatch.instrumentation.metrics.catalogue import CATALOGUE, Metrics, metrics_for
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
 
 ACCEPTS = [
     "text/plain; version=0.0.4",

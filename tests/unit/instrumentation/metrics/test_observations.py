@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from inferwatch.instrumentation.metrics.observations import Observations, observe_many, observe_repeated
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from inferwatch.instrumentation.metrics.observations import Observations, observe_many, observe_repeated
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 # On every bound, between bounds, under the first, over the last, and repeated values.

@@ -16,6 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
 from inferwatch.instrumentation import instrument, track_request
 from inferwatch.instrumentation.batching.batch_timeline import BatchTimeline
 from inferwatch.instrumentation.config import InstrumentConfig
@@ -24,9 +27,6 @@ from inferwatch.instrumentation.metrics import catalogue as cat
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import ModelSeries, forget_series, series_for
 from inferwatch.instrumentation.timing.request import Request
-from prometheus_client import CollectorRegistry
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
-
 from tests.support.batching import small_page_pool
 from tests.unit.instrumentation.conftest import batch_of
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-from inferwatch.instrumentation import instrument
-from inferwatch.instrumentation.demo.models import build_model
-from inferwatch.instrumentation.timing import request
 from prometheus_client import CollectorRegistry
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig
 
+from inferwatch.instrumentation import instrument
+from inferwatch.instrumentation.demo.models import build_model
+from inferwatch.instrumentation.timing import request
 from tests.unit.instrumentation.conftest import metric
 
 pytestmark = pytest.mark.matrix

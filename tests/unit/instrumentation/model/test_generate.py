@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, PAD_TOKEN_ID
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
+from inferwatch.instrumentation.demo.models import EOS_TOKEN_ID, PAD_TOKEN_ID
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 pytestmark = pytest.mark.matrix

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inferwatch.instrumentation.model.kvcache import measure, output_cache
 from transformers import StaticCache
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import ALL_CACHE_NAMES
 
+from inferwatch.instrumentation.model.kvcache import measure, output_cache
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 pytestmark = pytest.mark.matrix

@@ -7,13 +7,13 @@ import copy
 
 import pytest
 import torch
-from inferwatch.instrumentation.demo.models import encode_text
-from inferwatch.instrumentation.model import speculative
 from transformers.generation.candidate_generator import (
     AssistedCandidateGenerator,
     PromptLookupCandidateGenerator,
 )
 
+from inferwatch.instrumentation.demo.models import encode_text
+from inferwatch.instrumentation.model import speculative
 from tests.unit.instrumentation.conftest import metric
 
 pytestmark = pytest.mark.matrix

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+
 from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.instrumentation.profiling.captures import CAPTURES, ProfileConfig
 from inferwatch.instrumentation.profiling.files import FILE_PREFIX, prune
-
 from tests.support import http_get
 from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 

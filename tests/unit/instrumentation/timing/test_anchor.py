@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.device.worker import Worker
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.timing.clock import Anchor
 from inferwatch.instrumentation.timing.request import DRAIN_BATCH, Request, Step
-from prometheus_client import CollectorRegistry
-
 from tests.unit.instrumentation.conftest import metric
 
 US = 1e-6

@@ -4,12 +4,13 @@ placed them (one step at a time, or a compiled run's steps together)."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from inferwatch.instrumentation.config import InstrumentConfig
 from inferwatch.instrumentation.metrics.catalogue import metrics_for
 from inferwatch.instrumentation.metrics.model_series import series_for
 from inferwatch.instrumentation.metrics.observations import Observations
 from inferwatch.instrumentation.timing.timeline import TokenTimeline
-from prometheus_client import CollectorRegistry
 
 
 def observed(registry: CollectorRegistry, name: str) -> tuple[float, float]:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 import torch
-from inferwatch.instrumentation.timing.arrival import Arrival
 
+from inferwatch.instrumentation.timing.arrival import Arrival
 from tests.unit.instrumentation.conftest import batch_of, metric
 
 # Forwards slowed by sleeps, and latencies bounded by the wall time they took: the timing tier's.
