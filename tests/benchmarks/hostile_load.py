@@ -49,8 +49,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 from tests.support import free_port  # noqa: E402
 from tests.support import httpload as load  # noqa: E402
+from tests.support.certs import bcrypt_hash, self_signed_certificate  # noqa: E402
 from tests.support.httpload import Latencies, Target, exporter_listening  # noqa: E402
-from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate  # noqa: E402
 
 FAKE_NVML = "tests.support.fake_nvml"
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"

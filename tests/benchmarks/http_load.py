@@ -191,7 +191,7 @@ async def fresh(target: Target, seconds: float) -> dict[str, Any]:
 
 
 def measure_exporter(source: Path | None, scale: float, workdir: Path) -> dict[str, Any]:
-    from tests.unit.exporter.certs import self_signed_certificate
+    from tests.support.certs import self_signed_certificate
 
     result: dict[str, Any] = {"load_before": load.load_situation()}
     cert, key = self_signed_certificate(workdir)

@@ -308,7 +308,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     loadgen.raise_fd_limit(8192)
-    from tests.unit.exporter.certs import self_signed_certificate
+    from tests.support.certs import self_signed_certificate
 
     with tempfile.TemporaryDirectory() as tmp:
         cert, key = self_signed_certificate(Path(tmp))

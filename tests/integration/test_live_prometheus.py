@@ -37,6 +37,7 @@ from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 from tests.support import METRICS_DOC, PACKAGE_ROOT, REPO_ROOT
 from tests.support.gpu_serving import GPU_BOUND_BUSY, GpuServing, gpu_serving
+from tests.support.promql import metric_names
 from tests.support.services import (
     Alertmanager,
     Prometheus,
@@ -51,7 +52,6 @@ from tests.support.services import (
     start_webhook_receiver,
     wait_until,
 )
-from tests.unit.alerts.promql import metric_names
 
 pytestmark = pytest.mark.integration
 

@@ -26,6 +26,7 @@ import requests
 
 from inferwatch.exporter.config import options
 from tests.support import REPO_ROOT, fake_nvml, free_port, http_get, parse_samples, sample_value
+from tests.support.certs import bcrypt_hash, self_signed_certificate
 from tests.support.httpload import Load, Target
 from tests.support.kubelet import PodResourcesServer, gpu_pod
 from tests.support.services import (
@@ -35,7 +36,6 @@ from tests.support.services import (
     start_prometheus,
     wait_until,
 )
-from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.integration
 
@@ -356,6 +356,7 @@ def test_increase_counts_what_happened_across_a_driver_reset_and_an_exporter_res
             assert counted == 5, (scope, counted)
 
 
+@pytest.mark.timing
 def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path: Path) -> None:
     with fake_exporter(tmp_path, {"gpus": 2}, "--collector.timeout=500ms") as exporter:
         exporter.wait_for(lambda t: gpu_value(t, "gpu_up", 1) == 1, "GPU 1 up")
@@ -388,6 +389,7 @@ def test_a_call_hung_for_30s_does_not_stall_scrapes_and_staleness_shows(tmp_path
         assert time.monotonic() - started < 5
 
 
+@pytest.mark.timing
 def test_pods_of_the_kubelet_on_their_gpus_and_a_kubelet_that_hangs_does_not_stall_scrapes(
     tmp_path: Path,
 ) -> None:
@@ -521,6 +523,7 @@ def tls_exporter(
 DEFAULT_COLLECTION = ["--collector.interval=1s", "--collector.timeout=1s"]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stop_signals_under_200_connections_exit_0_within_a_second_and_free_the_port(
     tmp_path: Path, signum: int

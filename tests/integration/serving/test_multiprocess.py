@@ -147,6 +147,7 @@ while True:
 """
 
 
+@pytest.mark.timing
 def test_a_killed_workers_gauges_go_and_a_killed_masters_port_is_free_at_once(tmp_path: Path) -> None:
     multiproc_dir = tmp_path / "multiproc"
     port = free_port()

@@ -28,10 +28,10 @@ import pytest
 from openai import OpenAI
 
 from tests.support import free_port, parse_samples, sample_value, wait_for_http
+from tests.support.certs import bcrypt_hash
 from tests.support.processes import INFERWATCH, Process, spawn
 from tests.support.servemodel import write_serve_model
 from tests.support.services import wait_until
-from tests.unit.exporter.certs import bcrypt_hash
 
 pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 

@@ -1,11 +1,10 @@
-"""The rendered rules: up to date, valid for promtool, unit-tested alert by alert, and by the conventions."""
+"""The rendered rules: up to date, a promtool case for every alert, and the conventions (promtool itself runs
+them in tests/integration/alerts/test_promtool.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from inferwatch.alerts.rules import ALERTS, SLO_HISTOGRAMS
 from inferwatch.cli import main as inferwatch_main
 from inferwatch.instrumentation.config import InstrumentConfig
 from tests.support import PACKAGE_ROOT, REPO_ROOT, documented_metrics
-from tests.unit.alerts.promql import base_metric, metric_names
+from tests.support.promql import base_metric, metric_names
 
 ALERTS_DIR = PACKAGE_ROOT / "alerts"
 RULES = ALERTS_DIR / "rules.yaml"
@@ -26,16 +25,6 @@ TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.yaml"))
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
 # Series Prometheus makes itself, not any exporter.
 SYNTHETIC = {"up"}
-
-
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    assert path, "promtool is not installed: run `make system-deps` (Debian package prometheus)"
-    return path
-
-
-def _promtool_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_promtool(), *args], capture_output=True, text=True, timeout=120)
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -52,16 +41,6 @@ def test_committed_rules_are_rendered_from_the_defaults() -> None:
         "src/inferwatch/alerts/rules.yaml is stale: "
         "run `inferwatch alerts render --out src/inferwatch/alerts`"
     )
-
-
-def test_promtool_check_rules() -> None:
-    result = _promtool_run("check", "rules", str(RULES))
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_promtool_unit_tests_pass() -> None:
-    result = _promtool_run("test", "rules", *map(str, TEST_FILES))
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _cases() -> tuple[set[str], set[str]]:
@@ -89,28 +68,6 @@ def test_firing_cases_state_every_label_and_annotation() -> None:
                 for alert in case.get("exp_alerts") or []:
                     assert "severity" in alert["exp_labels"], (path.name, test["name"])
                     assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
-
-
-@pytest.mark.parametrize(
-    ("overrides", "test_file", "failing_test"),
-    [
-        ({"alerts": {"InferwatchHostBound": {"busy_ratio_below": 0.7}}}, "serving.yaml", "60% busy"),
-        ({"alerts": {"InferwatchGpuClocksThrottled": {"for": "5m"}}}, "throttling.yaml", "9-minute cap"),
-        ({"selectors": {"exporter": 'job="node"'}}, "throttling.yaml", "hardware slowdown fires"),
-        ({"alerts": {"InferwatchKvCacheNearlyFull": {"used_ratio_above": 0.95}}}, "memory.yaml", "95% full"),
-        ({"alerts": {"InferwatchKvCachePreemptions": {"for": "5m"}}}, "memory.yaml", "preempts a request"),
-    ],
-)
-def test_promtool_cases_catch_a_changed_rule(
-    tmp_path: Path, overrides: dict[str, Any], test_file: str, failing_test: str
-) -> None:
-    """The unit tests are sharp: a threshold, a `for:` or a selector that moves makes them fail."""
-    (tmp_path / "rules.yaml").write_text(rules_yaml(merge_config(overrides)))
-    (tmp_path / "tests").mkdir()
-    shutil.copy(ALERTS_DIR / "tests" / test_file, tmp_path / "tests")
-    result = _promtool_run("test", "rules", str(tmp_path / "tests" / test_file))
-    assert result.returncode != 0
-    assert failing_test in result.stderr
 
 
 def test_alerts_follow_the_mixin_conventions() -> None:
@@ -160,18 +117,6 @@ def test_every_registered_alert_is_rendered() -> None:
     assert {rule["alert"] for rule in _alert_rules()} == set(ALERTS)
 
 
-def test_export_writes_files_promtool_accepts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert inferwatch_main(["alerts", "export", str(tmp_path)]) == 0
-    assert (tmp_path / "rules.yaml").read_text() == RULES.read_text()
-    assert (tmp_path / "config.yaml").read_text() == (ALERTS_DIR / "config.yaml").read_text()
-    exported_tests = sorted(path.name for path in (tmp_path / "tests").glob("*.yaml"))
-    assert exported_tests == [path.name for path in TEST_FILES]
-    # The exported tests find ../rules.yaml: one file shows it (the bundled ones all ran above).
-    result = _promtool_run("test", "rules", str(tmp_path / "tests" / "serving.yaml"))
-    assert result.returncode == 0, result.stdout
-    assert str(tmp_path / "rules.yaml") in capsys.readouterr().out
-
-
 def test_render_merges_a_config_file_and_refuses_bad_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,7 +125,6 @@ def test_render_merges_a_config_file_and_refuses_bad_ones(
     assert inferwatch_main(["alerts", "render", "--config", str(mine), "--out", str(tmp_path / "out")]) == 0
     rendered = (tmp_path / "out" / "rules.yaml").read_text()
     assert 'llm_last_step_timestamp_seconds{job="llm-serving"} > 30' in rendered
-    assert _promtool_run("check", "rules", str(tmp_path / "out" / "rules.yaml")).returncode == 0
 
     mine.write_text("alerts:\n  InferwatchEngineStalled:\n    stall_seconds_above: -5\n")
     assert inferwatch_main(["alerts", "render", "--config", str(mine), "--out", str(tmp_path / "bad")]) == 2

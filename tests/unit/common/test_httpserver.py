@@ -27,9 +27,9 @@ from inferwatch.common.httpserver import (
     ServerThread,
     bind,
 )
+from tests.support.certs import self_signed_certificate
 from tests.support.clock import ManualClock
 from tests.support.services import wait_until
-from tests.unit.exporter.certs import self_signed_certificate
 
 LOG = logging.getLogger("inferwatch.test.http")
 
@@ -112,6 +112,7 @@ def test_silent_and_idle_connections_are_closed_after_the_idle_limit() -> None:
             assert 0.2 < closed_within(kept, 5) < 2  # the answer, then nothing until the idle limit
 
 
+@pytest.mark.timing
 def test_a_trickling_request_is_cut_at_the_request_limit() -> None:
     with (
         serving(Limits(idle_timeout=30, request_timeout=0.5)) as thread,
@@ -210,6 +211,7 @@ def test_an_answered_request_whose_body_is_still_coming_closes_the_connection() 
         assert closed_within(sock, 5) < 1  # answered, then closed: not held to drain a gigabyte
 
 
+@pytest.mark.timing
 def test_a_lone_crlf_does_not_end_the_idle_limit() -> None:
     with (
         serving(Limits(idle_timeout=0.5, request_timeout=30)) as thread,

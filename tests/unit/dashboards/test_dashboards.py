@@ -17,7 +17,7 @@ from inferwatch.cli import main as inferwatch_main
 from inferwatch.dashboards.generate import bundled_files, generate
 from inferwatch.dashboards.schema import validate_dashboard
 from tests.support import PACKAGE_ROOT, documented_metrics
-from tests.unit.alerts.promql import base_metric, metric_names
+from tests.support.promql import base_metric, metric_names
 
 COMMITTED = {path.name: path.read_text() for path in sorted((PACKAGE_ROOT / "dashboards").glob("*.json"))}
 DASHBOARDS = {name: json.loads(text) for name, text in COMMITTED.items()}

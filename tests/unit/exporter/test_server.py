@@ -23,7 +23,7 @@ from inferwatch.exporter.errors import ListenError
 from inferwatch.exporter.exposition import ScrapeRenderer
 from inferwatch.exporter.server import ExporterServer
 from tests.support import sample_value
-from tests.unit.exporter.certs import bcrypt_hash
+from tests.support.certs import bcrypt_hash
 from tests.unit.exporter.conftest import MakePoller
 
 PATHS = ("/metrics", "/-/healthy", "/-/ready", "/", "/nothing")

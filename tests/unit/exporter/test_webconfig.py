@@ -10,7 +10,7 @@ import pytest
 
 from inferwatch.common.webconfig import BasicAuth, WebConfig, check_reload, load_web_config
 from inferwatch.exporter.errors import ConfigError
-from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
+from tests.support.certs import bcrypt_hash, self_signed_certificate
 
 
 def basic(user: str, password: str) -> str:

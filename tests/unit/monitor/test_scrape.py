@@ -102,6 +102,7 @@ def test_an_http_error_is_down() -> None:
     assert (result.up, result.error) == (False, "HTTP 503 Service Unavailable")
 
 
+@pytest.mark.timing
 def test_a_slow_endpoint_is_down_after_the_timeout() -> None:
     with http_server(200, b"# TYPE up gauge\nup 1\n", held=True) as url:
         result = scrape(url, timeout=0.3)

@@ -21,7 +21,7 @@ from inferwatch.instrumentation.endpoint.server import start_http_server
 from inferwatch.instrumentation.profiling.captures import CAPTURES, ProfileConfig
 from inferwatch.instrumentation.profiling.files import FILE_PREFIX, prune
 from tests.support import http_get
-from tests.unit.exporter.certs import bcrypt_hash, self_signed_certificate
+from tests.support.certs import bcrypt_hash, self_signed_certificate
 
 pytestmark = pytest.mark.matrix
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy import render
-from tests.unit.deploy.support import (
+from tests.integration.deploy.support import (
     COMPOSE_DIR,
     DOCKER_DIR,
     VARIANTS,
@@ -25,6 +25,8 @@ from tests.unit.deploy.support import (
     project_version,
     run_tool,
 )
+
+pytestmark = pytest.mark.integration
 
 # Service -> (image, Dockerfile) of the images built from this repository; every other image is pulled
 # and must be pinned to a release.

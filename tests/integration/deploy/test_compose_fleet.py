@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 from deploy import render
-from tests.support.services import hashmod_shard
-from tests.unit.deploy.support import (
+from tests.integration.deploy.support import (
     COMPOSE_DIR,
     VARIANTS,
     alert_rule_jobs,
@@ -25,6 +24,9 @@ from tests.unit.deploy.support import (
     container_ports,
     run_tool,
 )
+from tests.support.services import hashmod_shard
+
+pytestmark = pytest.mark.integration
 
 AGENT = re.compile(r"^prometheus-agent-(\d+)$")
 AGENT_CONFIG = "/etc/prometheus/prometheus.yml"

@@ -17,7 +17,9 @@ import pytest
 
 from inferwatch.exporter.config import ENV_PREFIX, ExporterConfig, options, parse_config
 from inferwatch.instrumentation.demo import command as demo
-from tests.unit.deploy.support import DOCKER_DIR, VARIANTS, compose_config, parse_dockerfile
+from tests.integration.deploy.support import DOCKER_DIR, VARIANTS, compose_config, parse_dockerfile
+
+pytestmark = pytest.mark.integration
 
 KNOWN_VARIABLES = {option.env for option in options()}
 

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from deploy import render
-from tests.unit.deploy.support import load_documents, run_tool
+from tests.integration.deploy.support import load_documents, run_tool
+
+pytestmark = pytest.mark.integration
 
 SAMPLE_RULES = """\
 # A comment above the groups stays a comment.

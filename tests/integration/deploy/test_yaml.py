@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from tests.integration.deploy.support import DEPLOY, run_tool
 from tests.support import REPO_ROOT
-from tests.unit.deploy.support import DEPLOY, run_tool
+
+pytestmark = pytest.mark.integration
 
 # yamllint's defaults, with the repository's line length; the generated files carry other projects'
 # text (the rules' PromQL, the dashboards' JSON), so their lines are as long as those are.

@@ -13,8 +13,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.unit.deploy.operator_schemas import SCHEMAS
-from tests.unit.deploy.support import KUBERNETES_DIR, alert_rule_jobs, kustomization_dirs, project_version
+from tests.integration.deploy.operator_schemas import SCHEMAS
+from tests.integration.deploy.support import (
+    KUBERNETES_DIR,
+    alert_rule_jobs,
+    kustomization_dirs,
+    project_version,
+)
+
+pytestmark = pytest.mark.integration
 
 # The oldest Kubernetes release the manifests claim (docs/deploy.md) and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.deploy.support import KUBERNETES_DIR, kustomization_dirs, load_documents, run_tool
+from tests.integration.deploy.support import KUBERNETES_DIR, kustomization_dirs, load_documents, run_tool
 
 
 @pytest.fixture(scope="session")

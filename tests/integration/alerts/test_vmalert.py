@@ -13,6 +13,8 @@ import pytest
 from deploy import render
 from tests.support.services import require_binary
 
+pytestmark = pytest.mark.integration
+
 BROKEN_EXPRESSION = """\
 groups:
 - name: g

@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 
 from deploy.docker import healthcheck
+from tests.integration.deploy.support import DOCKER_DIR, parse_dockerfile, run_tool
 from tests.support import REPO_ROOT, free_port
 from tests.support.services import require_binary, start_process
-from tests.unit.deploy.support import DOCKER_DIR, parse_dockerfile, run_tool
+
+pytestmark = pytest.mark.integration
 
 DOCKERFILES = {"exporter": DOCKER_DIR / "Dockerfile.exporter", "serving": DOCKER_DIR / "Dockerfile.serving"}
 HEALTHCHECK_SCRIPT = "deploy/docker/healthcheck.py"
