@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, http_get
+from tests.support import REPO_ROOT, free_port, http_get
 from tests.support.reaper import forget, kill_with_this_process
 
 # How long a stopped process gets to exit after SIGTERM before it is killed.
@@ -55,6 +55,10 @@ class ServiceError(RuntimeError):
     """A service could not be started, answered with an error, or a wait ran out of time."""
 
 
+# A tool that runs this long has hung: the test fails rather than waiting for pytest's time-out.
+TOOL_TIMEOUT_SECONDS = 120
+
+
 def require_binary(name: str) -> str:
     """Absolute path of executable ``name``, looked up beside the running interpreter (this
     distribution's console scripts) and then on PATH; raises (never skips) when it is not installed."""
@@ -65,6 +69,26 @@ def require_binary(name: str) -> str:
             "prometheus-alertmanager, victoria-metrics) or put it on PATH"
         )
     return found
+
+
+def run_tool(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO_ROOT,
+    timeout: float = TOOL_TIMEOUT_SECONDS,
+) -> subprocess.CompletedProcess[str]:
+    """Run a real tool (found by :func:`require_binary`: a missing one fails, never skips) in ``cwd``,
+    bounded in time, capturing its output; ``env`` is merged over the current environment."""
+    return subprocess.run(
+        [require_binary(cmd[0]), *cmd[1:]],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @contextmanager

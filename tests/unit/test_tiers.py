@@ -8,8 +8,9 @@ import ast
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
-# How the suite finds an outside tool: tests.support.services.require_binary, or shutil.which directly.
-TOOL_LOOKUPS = {"require_binary", "which"}
+# How the suite finds or runs an outside tool: tests.support.services.require_binary and run_tool, or
+# shutil.which directly.
+TOOL_LOOKUPS = {"require_binary", "run_tool", "which"}
 
 
 def _tool_lookups(path: Path) -> set[str]:

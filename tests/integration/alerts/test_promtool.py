@@ -15,7 +15,7 @@ from inferwatch.alerts.config import merge_config
 from inferwatch.alerts.render import rules_yaml
 from inferwatch.cli import main as inferwatch_main
 from tests.support import PACKAGE_ROOT
-from tests.support.services import require_binary
+from tests.support.services import run_tool
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.yaml"))
 
 
 def _promtool_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require_binary("promtool"), *args], capture_output=True, text=True, timeout=120)
+    return run_tool(["promtool", *args])
 
 
 def test_promtool_check_rules() -> None:

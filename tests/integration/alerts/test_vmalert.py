@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deploy import render
-from tests.support.services import require_binary
+from tests.support.services import run_tool
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +34,7 @@ groups:
 
 
 def vmalert_dry_run(*rule_files: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [require_binary("vmalert"), "-dryRun", *(f"-rule={path}" for path in rule_files)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_tool(["vmalert", "-dryRun", *(f"-rule={path}" for path in rule_files)], cwd=cwd, timeout=60)
 
 
 def test_the_shipped_rule_files_load_in_vmalert_unchanged(tmp_path: Path) -> None:

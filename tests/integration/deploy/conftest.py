@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.deploy.support import KUBERNETES_DIR, kustomization_dirs, load_documents, run_tool
+from tests.integration.deploy.support import KUBERNETES_DIR, kustomization_dirs, load_documents
+from tests.support.services import run_tool
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,10 @@
-"""Shared pieces of the deploy checks: paths, bounded runs of the real tools, and readers of the
-compose stack, the Dockerfiles and the alert rules' configuration."""
+"""Shared pieces of the deploy checks: paths, and readers of the compose stack, the Dockerfiles and the
+alert rules' configuration (the tools run through :func:`tests.support.services.run_tool`)."""
 
 from __future__ import annotations
 
 import functools
-import os
 import re
-import subprocess
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,29 +12,12 @@ from typing import Any
 import yaml
 
 from tests.support import PACKAGE_ROOT, REPO_ROOT
-from tests.support.services import require_binary
+from tests.support.services import run_tool
 
 DEPLOY = REPO_ROOT / "deploy"
 COMPOSE_DIR = DEPLOY / "compose"
 DOCKER_DIR = DEPLOY / "docker"
 KUBERNETES_DIR = DEPLOY / "kubernetes"
-TOOL_TIMEOUT_SECONDS = 120
-
-
-def run_tool(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path = REPO_ROOT
-) -> subprocess.CompletedProcess[str]:
-    """Run a real tool (looked up like the integration suite does: a missing one fails, never skips) in
-    ``cwd``, bounded in time, capturing its output; ``env`` is merged over the current environment."""
-    return subprocess.run(
-        [require_binary(cmd[0]), *cmd[1:]],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=TOOL_TIMEOUT_SECONDS,
-        check=False,
-    )
 
 
 def load_documents(text: str) -> list[dict[str, Any]]:

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from deploy.docker import healthcheck
-from tests.integration.deploy.support import DOCKER_DIR, parse_dockerfile, run_tool
+from tests.integration.deploy.support import DOCKER_DIR, parse_dockerfile
 from tests.support import REPO_ROOT, free_port
-from tests.support.services import require_binary, start_process
+from tests.support.services import require_binary, run_tool, start_process
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from deploy import render
-from tests.integration.deploy.support import load_documents, run_tool
+from tests.integration.deploy.support import load_documents
+from tests.support.services import run_tool
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.support import DEPLOY, run_tool
+from tests.integration.deploy.support import DEPLOY
 from tests.support import REPO_ROOT
+from tests.support.services import run_tool
 
 pytestmark = pytest.mark.integration
 
